@@ -1,0 +1,83 @@
+"""Render nbdev notebooks as book pages without nbdev's noise.
+
+On Sphinx's `source-read` event each notebook's JSON is rewritten before myst-nb parses it:
+- `#|` directive lines are removed from every code cell;
+- `#| hide`, `#| default_exp` and `#| include: false` cells are removed from the page,
+  `#| echo: false` hides the input and `#| output: false` the output (as myst-nb cell tags);
+- `show_doc(...)` cells keep only their rendered output, without the `---` rule that nbdev puts
+  first (a transition inside an output breaks docutils).
+Cell tags such as `nbval-ignore-output` are metadata: myst-nb does not print them.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+DIRECTIVE = re.compile(r"^\s*#\|\s*(.*?)\s*$")
+REMOVE_CELL = {"hide", "default_exp", "include: false"}
+SHOW_DOC = re.compile(r"^\s*show_doc\(.*\)\s*;?\s*$")
+
+
+def _directives(lines: list[str]) -> tuple[list[str], list[str]]:
+    "Split a cell's lines into its nbdev directives and the remaining code."
+    found, code = [], []
+    for line in lines:
+        m = DIRECTIVE.match(line)
+        (found if m else code).append(m.group(1) if m else line)
+    return found, code
+
+
+def _add_tag(cell: dict, tag: str) -> None:
+    tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+    if tag not in tags:
+        tags.append(tag)
+
+
+def _strip_rule(text: str) -> str:
+    "Drop the horizontal rule nbdev's show_doc puts before each entry."
+    return re.sub(r"\A\s*---\s*\n", "", text)
+
+
+def clean_cell(cell: dict) -> None:
+    if cell.get("cell_type") != "code":
+        return
+    src = cell.get("source", "")
+    lines = (src if isinstance(src, str) else "".join(src)).split("\n")
+    found, code = _directives(lines)
+    words = {d.split()[0] if d.split() else "" for d in found} | set(found)
+    if words & REMOVE_CELL:
+        _add_tag(cell, "remove-cell")
+    if "echo: false" in found:
+        _add_tag(cell, "remove-input")
+    if "output: false" in found:
+        _add_tag(cell, "remove-output")
+    while code and not code[0].strip():
+        code.pop(0)
+    cell["source"] = "\n".join(code)
+    body = [line for line in code if line.strip()]
+    if body and all(SHOW_DOC.match(line) for line in body):
+        _add_tag(cell, "remove-input")
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "text/markdown" in data:
+                md = data["text/markdown"]
+                data["text/markdown"] = _strip_rule(md if isinstance(md, str) else "".join(md))
+    if not body and not cell.get("outputs"):
+        _add_tag(cell, "remove-cell")
+
+
+def clean_notebook(text: str) -> str:
+    nb = json.loads(text)
+    for cell in nb.get("cells", []):
+        clean_cell(cell)
+    return json.dumps(nb)
+
+
+def _on_source_read(app, docname: str, source: list[str]) -> None:
+    if str(app.env.doc2path(docname)).endswith(".ipynb"):
+        source[0] = clean_notebook(source[0])
+
+
+def setup(app):
+    app.connect("source-read", _on_source_read)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,43 @@
+"""Packaging for minitransformer. Everything it needs comes from settings.ini (nbdev 2's config),
+so the version and the dependencies are stated once."""
+from configparser import ConfigParser
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+cfg = ConfigParser(delimiters=["="])
+cfg.read(Path(__file__).parent / "settings.ini", encoding="utf-8")
+c = cfg["DEFAULT"]
+
+licenses = {"apache2": ("Apache Software License 2.0", "OSI Approved :: Apache Software License")}
+lic = licenses[c["license"]]
+statuses = ["1 - Planning", "2 - Pre-Alpha", "3 - Alpha", "4 - Beta", "5 - Production/Stable"]
+extras = {key[: -len("_requirements")]: c[key].split()
+          for key in c if key.endswith("_requirements") and c[key].strip()}
+
+setup(
+    name=c["lib_name"],
+    version=c["version"],
+    description=c["description"],
+    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    author=c["author"],
+    author_email=c["author_email"],
+    url=c["git_url"],
+    license=lic[0],
+    keywords=c["keywords"].split(),
+    classifiers=[
+        "Development Status :: " + statuses[int(c["status"]) - 1],
+        "Intended Audience :: " + c["audience"].title(),
+        "License :: " + lic[1],
+        "Natural Language :: " + c["language"].title(),
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+    python_requires=">=" + c["min_python"],
+    packages=find_packages(include=[c["lib_name"], c["lib_name"] + ".*"]),
+    include_package_data=True,
+    install_requires=c["requirements"].split(),
+    extras_require=extras,
+    zip_safe=False,
+)

@@ -1,0 +1,98 @@
+"""The project holds together: the package is what the notebooks export, the notebooks are fit for
+nbval and Colab, the book's configuration agrees with settings.ini."""
+import filecmp
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, chapter_notebooks
+
+NOTEBOOKS = chapter_notebooks()
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def test_package_matches_notebooks(tmp_path):
+    "nbdev_export, run on a copy of the notebooks, reproduces minitransformer/ file for file."
+    for name in ("settings.ini", "nbs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    subprocess.run([_bin("nbdev_export")], cwd=tmp_path, check=True, capture_output=True)
+    fresh, ours = tmp_path / "minitransformer", ROOT / "minitransformer"
+    fresh_files = sorted(p.relative_to(fresh) for p in fresh.rglob("*.py"))
+    our_files = sorted(p.relative_to(ours) for p in ours.rglob("*.py"))
+    assert our_files == fresh_files, "the package has other files than the notebooks export; run `make export`"
+    differ = [str(f) for f in fresh_files if not filecmp.cmp(fresh / f, ours / f, shallow=False)]
+    assert not differ, f"{differ} differ from what nbdev_export makes of the notebooks; run `make export`"
+
+
+def test_version_comes_from_settings(settings):
+    import minitransformer
+    assert minitransformer.__version__ == settings["version"]
+
+
+def test_wheel_metadata(tmp_path, settings):
+    "`pip install .` needs torch alone; the plotting and dev tools are extras."
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("minitransformer-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
+        modules = {Path(n).stem for n in z.namelist() if n.startswith("minitransformer/")}
+    requires = [l.split(":", 1)[1].strip() for l in meta.splitlines() if l.startswith("Requires-Dist:")]
+    hard = [r for r in requires if "extra ==" not in r]
+    assert hard == settings["requirements"].split(), f"hard dependencies should be torch only, got {hard}"
+    extras = {l.split(":", 1)[1].strip() for l in meta.splitlines() if l.startswith("Provides-Extra:")}
+    assert {"plot", "chapters", "dev"} <= extras, extras
+    assert f"Version: {settings['version']}" in meta
+    assert {"core", "mixing", "viz"} <= modules, modules
+
+
+def test_modules_import_without_plotting_libraries():
+    "Only torch is needed to import every module: matplotlib and ipywidgets are imported lazily."
+    code = ("import sys, pkgutil, importlib; sys.modules['matplotlib'] = None; sys.modules['ipywidgets'] = None\n"
+            "import minitransformer\n"
+            "for m in pkgutil.iter_modules(minitransformer.__path__):\n"
+            "    importlib.import_module('minitransformer.' + m.name)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_toc_lists_every_notebook():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    listed = sorted(f for f in files if f.startswith("nbs/") and (ROOT / (f + ".ipynb")).exists())
+    assert listed == sorted(f"nbs/{p.stem}" for p in NOTEBOOKS), "every notebook in nbs/ belongs in _toc.yml"
+    assert all((ROOT / (f + ".ipynb")).exists() or (ROOT / (f + ".md")).exists() for f in files)
+
+
+def test_book_repository_is_the_one_in_settings(settings):
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert cfg["repository"]["url"] == settings["git_url"]
+    assert cfg["repository"]["branch"] == settings["branch"]
+    assert cfg["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    assert cfg["execute"]["execute_notebooks"] == "off"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_a_proper_chapter(path, settings):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    src = lambda c: "".join(c["source"])
+    first = src(code[0])
+    assert '"google.colab" in sys.modules' in first and "pip" in first, "the first cell installs the package in Colab"
+    assert settings["git_url"].replace("https://", "git+https://") in first
+    exports = [c for c in code if src(c).lstrip().startswith("#| default_exp")]
+    assert len(exports) == 1, "one notebook exports exactly one module"
+    unrun = [i for i, c in enumerate(code) if c["outputs"] and c["execution_count"] is None]
+    assert not unrun, f"code cells {unrun} have outputs but no execution count (nbval would fail): run `make execute`"
+    never_run = [i for i, c in enumerate(code) if c["execution_count"] is None and src(c).strip()]
+    assert not never_run, f"code cells {never_run} were never executed: run `make execute`"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"

@@ -6,13 +6,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 NB     ?=
 
-.PHONY: help venv book test export execute clean
+.PHONY: help venv book test export execute bench clean
 
 help:
 	@echo "make book     build the book into _build/html"
 	@echo "make test     export drift, unit tests, nbval on every chapter, strict book build"
 	@echo "make export   regenerate minitransformer/ from the notebooks"
 	@echo "make execute  re-run notebooks in place, saving outputs (NB=nbs/01_mixing.ipynb for one)"
+	@echo "make bench    benchmark scripts in bench/ (ratios against torch references)"
 
 # The environment: the package in editable mode with its pinned dev toolchain (settings.ini).
 $(STAMP): settings.ini setup.py
@@ -43,3 +44,7 @@ test: $(STAMP)
 
 clean:
 	rm -rf _build
+
+# Speed comparisons side by side in one process (not part of `make test`: timings are noisy).
+bench: $(STAMP)
+	$(BIN)/python bench/bench_mha.py

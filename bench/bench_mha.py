@@ -8,25 +8,12 @@ each one's median time and the median of the per-repeat ratios ours/torch (targe
 """
 import argparse
 import statistics
-import time
 
 import torch
 from torch import nn
 
+from common import timed
 from minitransformer.multihead import MultiHeadAttention
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ Training time excludes the evaluations (greedy decoding of the 2,000 held-out da
 """
 import argparse
 import random
-import time
 
 import torch
 

@@ -1,7 +1,6 @@
 """The built book (made by `make book` / `make test` before pytest runs) shows no nbdev or nbval
 noise, typesets its math and links every chapter to Colab."""
 import json
-import os
 from html.parser import HTMLParser
 from pathlib import Path
 

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import threading
-from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
 import pytest

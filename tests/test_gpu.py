@@ -2,7 +2,6 @@
 bfloat16's precision. Skipped without CUDA; scripts/gpu_check.py (make gpu-check) runs it on a GPU."""
 import pytest
 import torch
-from torch import nn
 
 from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
 from minitransformer.kv_cache import generate

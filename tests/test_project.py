@@ -97,3 +97,13 @@ def test_notebook_is_a_proper_chapter(path, settings):
     never_run = [i for i, c in enumerate(code) if c["execution_count"] is None and src(c).strip()]
     assert not never_run, f"code cells {never_run} were never executed: run `make execute`"
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+def test_api_page_covers_every_module():
+    "The API reference documents every module of the package (and links each to its chapter notebook)."
+    api = (ROOT / "nbs" / "api.md").read_text()
+    modules = sorted(p.stem for p in (ROOT / "minitransformer").glob("*.py") if not p.stem.startswith("_"))
+    missing = [m for m in modules if f"{{automodule}} minitransformer.{m}" not in api]
+    assert not missing, f"nbs/api.md lacks {missing}"
+    for nb in NOTEBOOKS:
+        assert f"({nb.name})" in api, f"nbs/api.md does not link to {nb.name}"

@@ -7,11 +7,16 @@ On Sphinx's `source-read` event each notebook's JSON is rewritten before myst-nb
 - `show_doc(...)` cells keep only their rendered output, without the `---` rule that nbdev puts
   first (a transition inside an output breaks docutils).
 Cell tags such as `nbval-ignore-output` are metadata: myst-nb does not print them.
+
+It also mends two things the browser check caught in the themes' output: a script that sphinx-thebe adds twice
+(a "THEBE_JS_URL has already been declared" error on every page) is included once, and static/widgets-offline.js
+points RequireJS at the vendored widget manager and lets it, written for MathJax 2, typeset through MathJax 3.
 """
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 DIRECTIVE = re.compile(r"^\s*#\|\s*(.*?)\s*$")
 REMOVE_CELL = {"hide", "default_exp", "include: false"}
@@ -78,6 +83,27 @@ def _on_source_read(app, docname: str, source: list[str]) -> None:
         source[0] = clean_notebook(source[0])
 
 
+def _dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
+    "Drop repeated script tags (same file, same inline body) from a page."
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen, unique = set(), []
+    for js in scripts:
+        key = (getattr(js, "filename", str(js)) or "", getattr(js, "attributes", {}).get("body"))  # None == ""
+        if key not in seen:
+            seen.add(key)
+            unique.append(js)
+    scripts[:] = unique
+
+
+def _add_static(app) -> None:
+    app.config.html_static_path.append(str(Path(__file__).parent / "static"))
+
+
 def setup(app):
     app.connect("source-read", _on_source_read)
+    app.connect("builder-inited", _add_static)
+    app.connect("html-page-context", _dedupe_scripts)
+    app.add_js_file("widgets-offline.js", priority=100)  # before RequireJS, MathJax and the widget manager
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

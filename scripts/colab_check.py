@@ -33,8 +33,9 @@ def make_runtime(jupyter_dir: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     py = str(VENV / "bin" / "python")
     subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *COLAB_PACKAGES], check=True)
-    gone = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in ('minitransformer', 'nbdev') if u.find_spec(m)])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    probe = "import importlib.util as u; print([m for m in ('minitransformer', 'nbdev') if u.find_spec(m)])"
+    gone = subprocess.run([py, "-c", probe], check=True, capture_output=True, text=True,
+                          cwd=jupyter_dir.parent).stdout.strip()  # outside the checkout, whose folder would import
     assert gone == "[]", f"the simulated runtime must not have {gone} before the chapter installs it"
     subprocess.run([py, "-m", "ipykernel", "install", "--prefix", str(jupyter_dir), "--name", "colab-sim"],
                    check=True, capture_output=True)

@@ -7,14 +7,15 @@ cd "$(dirname "$0")/.."
 MATHJAX=3.2.2 REQUIREJS=2.3.8 HTML_MANAGER=1.0.15
 out=_vendor/vendor
 stamp=_vendor/.versions
-want="mathjax@$MATHJAX requirejs@$REQUIREJS html-manager@$HTML_MANAGER"
+want="mathjax@$MATHJAX requirejs@$REQUIREJS html-manager@$HTML_MANAGER layout-2"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 command -v npm >/dev/null || { echo "npm is needed to fetch the book's MathJax and widget assets (apt-get install npm)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 (cd "$tmp" && npm pack --silent "mathjax@$MATHJAX" "requirejs@$REQUIREJS" "@jupyter-widgets/html-manager@$HTML_MANAGER" >/dev/null)
 for f in "$tmp"/*.tgz; do mkdir -p "${f%.tgz}" && tar -xzf "$f" -C "${f%.tgz}"; done
-rm -rf _vendor && mkdir -p "$out/mathjax" "$out/html-manager"
+hm="$out/npm/@jupyter-widgets/html-manager/dist"  # the layout the widget manager expects under its "CDN"
+rm -rf _vendor && mkdir -p "$out/mathjax" "$hm"
 mj="$tmp/mathjax-$MATHJAX/package/es5"
 cp "$mj/tex-chtml.js" "$out/mathjax/"
 mkdir -p "$out/mathjax/output/chtml/fonts" "$out/mathjax/input/tex" "$out/mathjax/ui"
@@ -23,7 +24,7 @@ cp -r "$mj/input/tex/extensions" "$out/mathjax/input/tex/"   # loaded on demand 
 cp -r "$mj/ui/." "$out/mathjax/ui/"
 cp -r "$mj/a11y" "$out/mathjax/"                               # loaded on demand from MathJax's menu
 cp "$tmp/requirejs-$REQUIREJS/package/require.js" "$out/require.js"
-cp -r "$tmp/jupyter-widgets-html-manager-$HTML_MANAGER/package/dist/." "$out/html-manager/"
-rm -f "$out"/html-manager/{embed.js,embed.js.map,embed.js.LICENSE.txt,libembed-amd.js}  # only the AMD embedder is used
+cp -r "$tmp/jupyter-widgets-html-manager-$HTML_MANAGER/package/dist/." "$hm/"
+rm -f "$hm"/{embed.js,embed.js.map,embed.js.LICENSE.txt,libembed-amd.js}  # only the AMD embedder is used
 echo "$want" > "$stamp"
 echo "book assets in _vendor/: $(du -sh _vendor | cut -f1)"

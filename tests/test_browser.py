@@ -27,8 +27,11 @@ PAGES = [p.stem for p in chapter_notebooks()] + ["intro", "api"]
 def server():
     if not (HTML / "index.html").exists():
         pytest.fail("build the book first: make book")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
-    handler.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # no request log in the test output
+            pass
+
+    handler = functools.partial(Quiet, directory=str(HTML))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/"

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
-from minitransformer.feedforward import FeedForward
+from minitransformer.layers import DecoderLayer, LayerConfig
 from minitransformer.masks import causal_mask, combine_masks, padding_mask, padding_mask_from_ids, to_torch_mask
 from minitransformer.multihead import MultiHeadAttention
 from minitransformer.positions import RotaryEmbedding
@@ -23,26 +23,16 @@ def sizes(seed):
     return g, B, T, H, D
 
 
-class Block(nn.Module):
-    "Pre-norm attention + feed-forward with residuals, optionally rotary."
-    def __init__(self, C, H, rotary=None):
-        super().__init__()
-        self.attn, self.ff = MultiHeadAttention(C, H, rotary=rotary), FeedForward(C, 2 * C + 1, "gelu")
-        self.n1, self.n2 = nn.LayerNorm(C), nn.LayerNorm(C)
-
-    def forward(self, x, mask):
-        x = x + self.attn(self.n1(x), mask=mask)
-        return x + self.ff(self.n2(x))
-
-
 def stack(C, H, rotary=False):
+    "Two pre-norm decoder-only blocks (the package's own DecoderLayer), optionally rotary."
     rope = RotaryEmbedding(C // H, max_len=64) if rotary else None
-    return nn.Sequential(*[Block(C, H, rope) for _ in range(2)]).eval()
+    cfg = LayerConfig(C, H, 2 * C + 1, activation="gelu", norm_first=True)
+    return nn.ModuleList(DecoderLayer(cfg, cross_attention=False, rotary=rope) for _ in range(2)).eval()
 
 
 def run(model, x, mask):
     for block in model:
-        x = block(x, mask)
+        x = block(x, self_mask=mask)
     return x
 
 

@@ -19,6 +19,21 @@ from minitransformer.embeddings import Tokenizer
 from minitransformer.model import GPT, GPTConfig, count_parameters, sequence_loss, train
 
 
+def init_weights(model: GPT, how: str) -> None:
+    "Re-initialise the blocks' weights (see --init)."
+    if how == "default":
+        return
+    with torch.no_grad():
+        for block in model.blocks:
+            outs = [block.self_attn.out.weight, block.ff.w2.weight]
+            if how == "gpt2":
+                for p in block.parameters():
+                    if p.dim() == 2:
+                        p.normal_(0.0, 0.02)
+            for w in outs:
+                w.normal_(0.0, 0.02 / (2 * len(model.blocks)) ** 0.5) if how == "gpt2" else w.zero_()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=600.0)
@@ -31,11 +46,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="the cosine schedule ends at this fraction of lr")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--activation", default="swiglu")
     ap.add_argument("--norm", default="rmsnorm")
     ap.add_argument("--positions", default="rotary")
     ap.add_argument("--bias", action="store_true", help="biases in linear layers (default: none)")
+    ap.add_argument("--init", default="default", choices=["default", "zero-out", "gpt2"],
+                    help="zero-out: each block's output projections start at zero (every block starts as the identity); "
+                         "gpt2: N(0, 0.02) weights, output projections N(0, 0.02/sqrt(2·layers))")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--eval-batches", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
@@ -49,7 +68,8 @@ def main() -> None:
     cfg = GPTConfig(vocab_size=len(tok), max_len=a.context, d_model=a.d_model, n_heads=a.heads, n_layers=a.layers,
                     d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, bias=a.bias)
     model = GPT(cfg)
-    print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch}; lr {a.lr}; threads={torch.get_num_threads()}")
+    init_weights(model, a.init)
+    print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch}; lr {a.lr} -> {a.lr * a.min_lr_ratio:g}; threads={torch.get_num_threads()}")
     g = torch.Generator().manual_seed(a.seed)
     val_batches = [char_windows(val_ids, a.context, a.batch, torch.Generator().manual_seed(1000 + i))
                    for i in range(a.eval_batches)]
@@ -60,7 +80,7 @@ def main() -> None:
 
     log = train(model, lambda step: char_windows(train_ids, a.context, a.batch, g),
                 lambda m, b: sequence_loss(m(b[0]), b[1]), steps=a.steps, max_seconds=a.seconds, lr=a.lr,
-                warmup=a.warmup, weight_decay=a.weight_decay, betas=(0.9, 0.99), eval_fn=val_loss,
+                warmup=a.warmup, min_lr_ratio=a.min_lr_ratio, weight_decay=a.weight_decay, betas=(0.9, 0.99), eval_fn=val_loss,
                 eval_every=a.eval_every, log_every=a.eval_every)
     print(f"{'step':>6} {'train s':>8} {'val loss':>9}")
     for step, sec, m in log.evals:

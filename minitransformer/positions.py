@@ -96,13 +96,13 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos[positions], self.sin[positions]  # (T, D/2) or (B, T, D/2)
         if positions.dim() == 2 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): same for every head
             cos, sin = cos[:, None], sin[:, None]
-        xf = x.float()
+        xf = x.float().contiguous()  # q and k usually arrive as strided views of one projection; one copy is cheaper
         if self.interleaved:
             x1, x2 = xf[..., 0::2], xf[..., 1::2]  # neighbours
             out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-        else:
+        else:  # rotate_half: x·[cos, cos] + [x2, x1]·[-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin]
             x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
-            out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+            out = xf * torch.cat([cos, cos], dim=-1) + torch.cat([x2, x1], dim=-1) * torch.cat([-sin, sin], dim=-1)
         return out.to(x.dtype)
 
     def extra_repr(self) -> str:

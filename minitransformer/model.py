@@ -413,6 +413,13 @@ class TrainLog:
     evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
 
 
+@torch.no_grad()
+def _load(params: list, values: list) -> None:
+    "Copy `values` into the tensors `params`, in place (the dtypes may differ)."
+    for p, v in zip(params, values):
+        p.copy_(v)
+
+
 def train(model: nn.Module,
           next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
           loss_fn: Callable[[nn.Module, tuple], torch.Tensor],  # (model, batch) -> scalar loss
@@ -425,19 +432,26 @@ def train(model: nn.Module,
           weight_decay: float = 0.0,  # AdamW decay, applied to matrices only
           betas: tuple[float, float] = (0.9, 0.98),
           clip: float | None = 1.0,  # clip the gradient norm
+          ema: float | None = None,  # also keep an exponential moving average of the weights with this decay (e.g. 0.998)
           eval_fn: Callable[[nn.Module], dict] | None = None,  # model -> metrics, run every eval_every steps and at the end
           eval_every: int | None = None,
           log_every: int = 100,  # print progress every this many steps (0: quiet)
           autocast_bf16: bool = False,  # run forward passes under bfloat16 autocast
           ) -> TrainLog:
-    "Train `model` with AdamW, warm-up, a learning-rate schedule and gradient clipping; print progress."
+    """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient clipping; print progress.
+    With `ema`, every evaluation also scores the averaged weights (metrics prefixed `ema `), and the model
+    ends up holding them."""
     if steps is None and max_seconds is None:
         raise ValueError("give steps, max_seconds or both")
+    if ema is not None and not 0.0 < ema < 1.0:
+        raise ValueError(f"ema is a decay between 0 and 1 (e.g. 0.998), got {ema}")
     device = next(model.parameters()).device
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas)
+    average = None if ema is None else [p.detach().float().clone() for p in params]  # float32 even for bf16 weights
     log, start, paused = TrainLog(), time.perf_counter(), 0.0
     clock = lambda: time.perf_counter() - start - paused  # training time: evaluations do not count
 
@@ -446,6 +460,11 @@ def train(model: nn.Module,
         t0 = time.perf_counter()
         model.eval()
         metrics = eval_fn(model)
+        if average is not None:  # score the averaged weights too, then put the live ones back
+            live = [p.detach().clone() for p in params]
+            _load(params, average)
+            metrics |= {f"ema {k}": v for k, v in eval_fn(model).items()}
+            _load(params, live)
         model.train()
         paused += time.perf_counter() - t0
         log.evals.append((step, clock(), metrics))
@@ -471,6 +490,9 @@ def train(model: nn.Module,
             nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         step += 1
+        if average is not None:  # move the average a little towards the new weights; early on, faster
+            with torch.no_grad():
+                torch._foreach_lerp_(average, [p.float() for p in params], 1 - min(ema, (1 + step) / (10 + step)))
         log.losses.append(loss.item())
         log.lrs.append(rate)
         if log_every and step % log_every == 0:
@@ -481,6 +503,8 @@ def train(model: nn.Module,
     log.steps, log.seconds = step, clock()
     if eval_fn is not None and not (eval_every and step % eval_every == 0):
         evaluate(step)
+    if average is not None:
+        _load(params, average)  # the model keeps the averaged weights
     model.eval()
     return log
 

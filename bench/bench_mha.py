@@ -31,10 +31,7 @@ def main() -> None:
     torch.manual_seed(0)
     # eval(): lets torch take its fused inference fast path in the no_grad case (dropout is 0 anyway)
     ref = nn.MultiheadAttention(a.d_model, a.heads, batch_first=True).to(device, dtype).eval()
-    ours = MultiHeadAttention(a.d_model, a.heads).to(device, dtype).eval()
-    with torch.no_grad():
-        ours.qkv.weight.copy_(ref.in_proj_weight); ours.qkv.bias.copy_(ref.in_proj_bias)
-        ours.out.weight.copy_(ref.out_proj.weight); ours.out.bias.copy_(ref.out_proj.bias)
+    ours = MultiHeadAttention.from_torch(ref)
     x = torch.randn(a.batch, a.seq, a.d_model, device=device, dtype=dtype)
     with torch.no_grad():
         diff = (ours(x) - ref(x, x, x, need_weights=False)[0]).abs().max().item()

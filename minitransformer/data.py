@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .embeddings import Tokenizer
-from .kv_cache import generate
+from .generation import generate
 
 # %% auto #0
 __all__ = ['MONTHS', 'WEEKDAYS', 'DATE_FORMATS', 'CASES', 'FIRST_DAY', 'LAST_DAY', 'number_words', 'ordinal_words',

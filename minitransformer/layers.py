@@ -3,17 +3,17 @@
 # %% ../nbs/09_layers.ipynb #6cb4ffc0
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
 
-from .core import check_tensor, shape_str
+from .core import check_dropout, check_positive_int, check_tensor, shape_str
 from .feedforward import ACTIVATIONS, FeedForward
-from .multihead import MultiHeadAttention
+from .multihead import MultiHeadAttention, default_positions
 
 # %% auto #0
-__all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'DecoderLayer']
+__all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'DecoderLayer', 'Encoder', 'Decoder']
 
 # %% ../nbs/09_layers.ipynb #241dad9e
 class RMSNorm(nn.Module):
@@ -45,12 +45,12 @@ def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=Non
     raise ValueError(f"unknown norm {kind!r}; choose from {NORMS}")
 
 # %% ../nbs/09_layers.ipynb #a9308ebe
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerConfig:
-    "The shape and the choices of one encoder or decoder layer."
-    d_model: int  # C, the width of every token vector
-    n_heads: int  # attention heads; must divide d_model
-    d_ff: int  # hidden width of the feed-forward network
+    "The shape and the choices of one encoder or decoder layer (a model's config extends it)."
+    d_model: int = 128  # C, the width of every token vector
+    n_heads: int = 4  # attention heads; must divide d_model
+    d_ff: int | None = None  # hidden width of the feed-forward network; None: 4·d_model
     activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5  # epsilon inside the norm
@@ -59,10 +59,11 @@ class LayerConfig:
     dropout: float = 0.0  # dropout on sublayer outputs, attention weights and FFN hidden units
 
     def __post_init__(self):
-        for name in ("d_model", "n_heads", "d_ff"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_positive_int(self.d_model, "d_model")
+        check_positive_int(self.n_heads, "n_heads")
+        if self.d_ff is None:  # resolved once, so the stored config says what was built
+            object.__setattr__(self, "d_ff", 4 * self.d_model)
+        check_positive_int(self.d_ff, "d_ff")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.activation not in ACTIVATIONS:
@@ -71,12 +72,20 @@ class LayerConfig:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
     @property
-    def d_head(self) -> int:
+    def head_dim(self) -> int:
+        "D, the width of one head: d_model / n_heads."
         return self.d_model // self.n_heads
+
+    def layer(self) -> LayerConfig:
+        "The layer's fields alone (from a model's config, which extends them)."
+        return LayerConfig(**{f.name: getattr(self, f.name) for f in fields(LayerConfig)})
+
+    def make_norm(self) -> nn.Module:
+        "A norm of the configured kind and width."
+        return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
 
 # %% ../nbs/09_layers.ipynb #f67e0a18
 class _Sublayers(nn.Module):
@@ -87,72 +96,138 @@ class _Sublayers(nn.Module):
         self.cfg = cfg
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _norm(self) -> nn.Module:
-        return make_norm(self.cfg.norm, self.cfg.d_model, self.cfg.norm_eps, self.cfg.bias)
-
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         if self.cfg.norm_first:
             return x + self.drop(sublayer(norm(x)))  # pre-norm
         return norm(x + self.drop(sublayer(x)))  # post-norm
 
+    def _attention(self, rotary: nn.Module | None = None) -> MultiHeadAttention:
+        c = self.cfg
+        return MultiHeadAttention(c.d_model, c.n_heads, c.bias, c.dropout, rotary=rotary)
+
     def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
         check_tensor(x, name, min_dim=3, floating=True)
         if x.shape[-1] != self.cfg.d_model:
-            raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) but the layer has d_model={self.cfg.d_model}")
+            raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) but the layer "
+                             f"has d_model={self.cfg.d_model}")
 
 
 class EncoderLayer(_Sublayers):
-    """Self-attention then feed-forward, each with a residual connection and a norm: `(B, T, C) → (B, T, C)`.
-
-    `mask`: bool, True = may attend, broadcastable to `(B, H, T, T)` — a padding mask `(B, 1, 1, T)`
-    lets every token see every real token."""
+    """Self-attention then feed-forward, each inside a residual connection and a norm:
+    `(B, T, C) → (B, T, C)`. `mask`: bool, True = may attend, broadcastable to `(B, H, T, T)`
+    — a padding mask `(B, 1, 1, T)` lets every token see every real token."""
 
     def __init__(self, cfg: LayerConfig, rotary: nn.Module | None = None):
         super().__init__(cfg)
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.dropout, rotary=rotary)
+        self.self_attn = self._attention(rotary)
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.dropout)
-        self.norm1, self.norm2 = self._norm(), self._norm()
+        self.attn_norm, self.ff_norm = cfg.make_norm(), cfg.make_norm()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions=None) -> torch.Tensor:
         self._check_x(x)
-        x = self._residual(x, self.norm1, lambda h: self.self_attn(h, mask=mask, positions=positions))
-        return self._residual(x, self.norm2, self.ff)
+        x = self._residual(x, self.attn_norm,
+                           lambda h: self.self_attn(h, mask=mask, positions=positions))
+        return self._residual(x, self.ff_norm, self.ff)
 
-
+# %% ../nbs/09_layers.ipynb #f1cab049
 class DecoderLayer(_Sublayers):
-    """Masked self-attention, cross-attention over `memory` (the encoder output), then feed-forward:
-    `(B, T, C) → (B, T, C)`. With `cross_attention=False` it is a decoder-only (GPT) block.
+    """Masked self-attention, cross-attention over `memory` (the encoder output), then
+    feed-forward: `(B, T, C) → (B, T, C)`. With `cross_attention=False`, a GPT block.
 
-    Masks are bool, True = may attend: `self_mask` broadcastable to `(B, H, T, T_total)` (causal, plus
-    padding), `memory_mask` to `(B, H, T, S)`. The caches (chapter 10) hold this layer's keys and
-    values: `self_cache` grows with each new token, `cross_cache` is filled once from `memory`."""
+    Masks are bool, True = may attend: `mask` broadcastable to `(B, H, T, S_self)` (causal, plus
+    padding), `memory_mask` to `(B, H, T, S)`. Caches (coming in chapter 10) hold keys and values:
+    `self_cache` grows with each new token; `cross_cache`, filled once from `memory`, replaces it."""
 
-    def __init__(self, cfg: LayerConfig, cross_attention: bool = True, rotary: nn.Module | None = None):
+    def __init__(self, cfg: LayerConfig, cross_attention: bool = True,
+                 rotary: nn.Module | None = None):
         super().__init__(cfg)
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.dropout, rotary=rotary)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.dropout) if cross_attention else None
+        self.self_attn = self._attention(rotary)
+        self.attn_norm = cfg.make_norm()
+        self.cross_attn = self._attention() if cross_attention else None
+        self.cross_norm = cfg.make_norm() if cross_attention else None
         self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.dropout)
-        self.norm1, self.norm2 = self._norm(), self._norm()
-        self.norm3 = self._norm() if cross_attention else None
+        self.ff_norm = cfg.make_norm()
 
     def forward(self,
                 x: torch.Tensor,  # (B, T, C) target tokens
-                memory: torch.Tensor | None = None,  # (B, S, C) encoder output (cross-attention only)
-                self_mask: torch.Tensor | None = None,  # bool, usually causal (+ target padding)
-                memory_mask: torch.Tensor | None = None,  # bool, usually source padding (B, 1, 1, S)
-                positions: torch.Tensor | None = None,  # rotary positions of the T tokens
+                memory: torch.Tensor | None = None,  # (B, S, C) encoder output (cross-attention)
+                mask: torch.Tensor | None = None,  # bool, usually causal (+ target padding)
+                memory_mask: torch.Tensor | None = None,  # bool, source padding (B, 1, 1, S)
+                positions=None,  # rotary positions of the T tokens
                 self_cache=None,  # KVCache of this layer's self-attention
-                cross_cache=None,  # KVCache of this layer's cross-attention
+                cross_cache=None,  # KVCache of its cross-attention, filled from memory
                 ) -> torch.Tensor:
         self._check_x(x)
         if self.cross_attn is None and (memory is not None or cross_cache is not None):
-            raise ValueError("this DecoderLayer was built with cross_attention=False; it takes no memory")
-        if self.cross_attn is not None and memory is None and not (cross_cache is not None and len(cross_cache)):
-            raise ValueError("this DecoderLayer needs the encoder output `memory` (or a filled cross_cache)")
-        x = self._residual(x, self.norm1,
-                           lambda h: self.self_attn(h, mask=self_mask, positions=positions, cache=self_cache))
+            raise ValueError("this DecoderLayer was built with cross_attention=False; it takes no "
+                             "memory and no cross_cache")
+        if self.cross_attn is not None and (memory is None) == (cross_cache is None):
+            raise ValueError("this DecoderLayer needs the encoder output `memory` or a cross_cache "
+                             "filled from it: exactly one of the two")
+        x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
+            h, mask=mask, positions=positions, cache=self_cache))
         if self.cross_attn is not None:
-            ctx = memory if memory is not None else x  # with a filled cross_cache the context is not re-read
-            x = self._residual(x, self.norm3, lambda h: self.cross_attn(h, ctx, mask=memory_mask, cache=cross_cache))
-        return self._residual(x, self.norm2, self.ff)
+            context = memory if memory is not None else cross_cache
+            x = self._residual(x, self.cross_norm,
+                               lambda h: self.cross_attn(h, context, mask=memory_mask))
+        return self._residual(x, self.ff_norm, self.ff)
+
+# %% ../nbs/09_layers.ipynb #54f758cb
+def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
+    "The rotary angles every layer of a stack shares, checked once (None without rotary)."
+    if rotary is None:
+        if positions is not None:
+            raise ValueError("positions were given, but this stack has no rotary embedding")
+        return None
+    if positions is None:
+        positions = default_positions(past, x.shape[-2], x.device)
+    return rotary.angles(positions)
+
+
+class Encoder(nn.Module):
+    "`n_layers` encoder layers and, for pre-norm, a final norm: `(B, T, C) → (B, T, C)`."
+
+    def __init__(self, cfg: LayerConfig, n_layers: int, rotary: nn.Module | None = None):
+        super().__init__()
+        check_positive_int(n_layers, "n_layers")
+        self.rotary = rotary
+        self.layers = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(n_layers))
+        self.norm = cfg.make_norm() if cfg.norm_first else nn.Identity()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        angles = _stack_positions(self.rotary, positions, 0, x)
+        for layer in self.layers:
+            x = layer(x, mask, angles)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """`n_layers` decoder layers and, for pre-norm, a final norm: `(B, T, C) → (B, T, C)`.
+    `cache` (coming in chapter 10) holds one cache per layer in `cache.self_attn` and, for
+    cross-attention, `cache.cross_attn`; a filled cross cache replaces `memory`."""
+
+    def __init__(self, cfg: LayerConfig, n_layers: int, cross_attention: bool = True,
+                 rotary: nn.Module | None = None):
+        super().__init__()
+        check_positive_int(n_layers, "n_layers")
+        self.rotary, self.cross_attention = rotary, cross_attention
+        self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention, rotary)
+                                    for _ in range(n_layers))
+        self.norm = cfg.make_norm() if cfg.norm_first else nn.Identity()
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        angles = _stack_positions(self.rotary, positions, 0 if cache is None else len(cache), x)
+        self_caches = [None] * len(self.layers) if cache is None else cache.self_attn
+        cross_caches = [None] * len(self.layers)
+        if cache is not None and cache.cross_attn is not None:
+            if memory is not None:
+                raise ValueError("the cache already holds the cross-attention keys and values of "
+                                 "the encoder output: pass memory=None")
+            cross_caches = cache.cross_attn
+        for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
+            x = layer(x, memory, mask, memory_mask, angles, sc, cc)
+        return self.norm(x)

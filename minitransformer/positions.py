@@ -81,29 +81,37 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self,
-                x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
-                positions: torch.Tensor,  # (T,) or (B, T): the absolute position of each of the T vectors
-                ) -> torch.Tensor:  # x rotated, same shape and dtype
+    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "cos and sin of every rotation angle, `(T, D/2)` or `(B, T, D/2)`, for `positions`."
+        _check_positions(positions, self.max_len)  # reads the values: once per call of a model
+        return self.cos[positions], self.sin[positions]
+
+    def rotate(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        "`x` `(..., T, D)` rotated by `angles` from `self.angles(positions)`; same shape and dtype."
         check_tensor(x, "x", min_dim=2, floating=True)
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has head width {x.shape[-1]} (shape {shape_str(x)}) but this rotary "
                              f"embedding was built for head_dim={self.head_dim}")
-        _check_positions(positions, self.max_len)
-        if positions.shape[-1] != x.shape[-2]:
-            raise ValueError(f"positions {shape_str(positions)} must give one position for each of the "
-                             f"{x.shape[-2]} vectors in x {shape_str(x)}")
-        cos, sin = self.cos[positions], self.sin[positions]  # (T, D/2) or (B, T, D/2)
-        if positions.dim() == 2 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): same for every head
+        cos, sin = angles
+        if cos.shape[-2] != x.shape[-2]:
+            raise ValueError(f"{cos.shape[-2]} positions for the {x.shape[-2]} vectors in x "
+                             f"{shape_str(x)}: give one position for each")
+        if cos.dim() == 3 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): same for every head
             cos, sin = cos[:, None], sin[:, None]
-        xf = x.float().contiguous()  # q and k usually arrive as strided views of one projection; one copy is cheaper
+        xf = x.float().contiguous()  # q and k arrive as strided views; one copy is cheaper
         if self.interleaved:
             x1, x2 = xf[..., 0::2], xf[..., 1::2]  # neighbours
             out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-        else:  # rotate_half: x·[cos, cos] + [x2, x1]·[-sin, sin] = [x1 cos - x2 sin, x2 cos + x1 sin]
+        else:  # rotate_half: x·[cos, cos] + [x2, x1]·[-sin, sin]
             x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
-            out = xf * torch.cat([cos, cos], dim=-1) + torch.cat([x2, x1], dim=-1) * torch.cat([-sin, sin], dim=-1)
+            out = xf * torch.cat([cos, cos], -1) + torch.cat([x2, x1], -1) * torch.cat([-sin, sin], -1)
         return out.to(x.dtype)
+
+    def forward(self,
+                x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
+                positions: torch.Tensor,  # (T,) or (B, T): the absolute position of each vector
+                ) -> torch.Tensor:  # x rotated, same shape and dtype
+        return self.rotate(x, self.angles(positions))
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, interleaved={self.interleaved}"

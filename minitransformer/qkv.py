@@ -4,88 +4,80 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import skip_init
 
-from .core import broadcast_shape, check_tensor, shape_str
+from .core import broadcast_shape, check_positive_int, check_tensor, shape_str
 
 # %% auto #0
 __all__ = ['QKVProjection', 'check_qkv']
 
 # %% ../nbs/03_qkv.ipynb #a731405c
 class QKVProjection(nn.Module):
-    "Queries, keys and values from token vectors: `Q = X W_Q`, `K = X_ctx W_K`, `V = X_ctx W_V` (X_ctx = X unless a context is given)."
+    "Queries, keys and values: `Q = X W_Q`, `K = C W_K`, `V = C W_V`, context C = X unless given."
 
     def __init__(self,
                  d_model: int,  # C, the width of the token vectors
-                 d_k: int,  # width of queries and keys
-                 d_v: int | None = None,  # width of values (default d_k)
+                 d_q: int,  # width of the queries
+                 d_k: int | None = None,  # width of the keys (default d_q)
+                 d_v: int | None = None,  # width of the values (default d_k)
                  bias: bool = False,  # add a learned bias to each projection
                  device=None, dtype=None):
         super().__init__()
+        d_k = d_q if d_k is None else d_k
         d_v = d_k if d_v is None else d_v
-        for name, n in (("d_model", d_model), ("d_k", d_k), ("d_v", d_v)):
-            if not isinstance(n, int) or n < 1:
-                raise ValueError(f"{name} must be a positive int, got {n!r}")
-        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
-        kw = dict(device=device, dtype=dtype)
-        self.weight = nn.Parameter(torch.empty(2 * d_k + d_v, d_model, **kw))  # rows: W_Qᵀ; W_Kᵀ; W_Vᵀ
-        self.bias = nn.Parameter(torch.empty(2 * d_k + d_v, **kw)) if bias else None
+        for name, n in (("d_model", d_model), ("d_q", d_q), ("d_k", d_k), ("d_v", d_v)):
+            check_positive_int(n, name)
+        self.d_model, self.d_q, self.d_k, self.d_v = d_model, d_q, d_k, d_v
+        kw = dict(bias=bias, device=device, dtype=dtype)  # skip_init: reset_parameters draws them
+        self.q_proj = skip_init(nn.Linear, d_model, d_q, **kw)  # x -> x W_Q
+        self.k_proj = skip_init(nn.Linear, d_model, d_k, **kw)  # x -> x W_K
+        self.v_proj = skip_init(nn.Linear, d_model, d_v, **kw)  # x -> x W_V
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        "Xavier-uniform over the three stacked, like `nn.MultiheadAttention`'s fused weight."
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        w = nn.init.xavier_uniform_(torch.empty_like(torch.cat([p.weight for p in projs])))
+        with torch.no_grad():
+            for proj, part in zip(projs, w.split([self.d_q, self.d_k, self.d_v])):
+                proj.weight.copy_(part)
+                if proj.bias is not None:
+                    proj.bias.zero_()
 
-    @property
-    def w_q(self) -> torch.Tensor:
-        "W_Q as in the text, `(d_model, d_k)` (a view of `weight`)."
-        return self.weight[: self.d_k].T
-
-    @property
-    def w_k(self) -> torch.Tensor:
-        "W_K, `(d_model, d_k)`."
-        return self.weight[self.d_k : 2 * self.d_k].T
-
-    @property
-    def w_v(self) -> torch.Tensor:
-        "W_V, `(d_model, d_v)`."
-        return self.weight[2 * self.d_k :].T
-
-    def _check_input(self, t: torch.Tensor, name: str) -> None:
-        check_tensor(t, name, min_dim=2, floating=True)
-        if t.shape[-1] != self.d_model:
-            raise ValueError(f"{name} has width {t.shape[-1]} (shape {shape_str(t)}) but this projection "
-                             f"expects d_model={self.d_model} features in the last dimension")
+    # W_Q, W_K, W_V as the text writes them, (d_model, width): views of the Linear weights.
+    w_q = property(lambda self: self.q_proj.weight.T)
+    w_k = property(lambda self: self.k_proj.weight.T)
+    w_v = property(lambda self: self.v_proj.weight.T)
 
     def forward(self,
                 x: torch.Tensor,  # (..., T, C): the tokens that ask (queries)
-                context: torch.Tensor | None = None,  # (..., S, C): the tokens that answer (keys, values); x if None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # Q (..., T, d_k), K (..., S, d_k), V (..., S, d_v)
-        self._check_input(x, "x")
-        dk, b = self.d_k, self.bias
-        if context is None:  # self-attention: one fused product
-            q, k, v = F.linear(x, self.weight, b).split([dk, dk, self.d_v], dim=-1)
-            return q, k, v
-        self._check_input(context, "context")
+                context: torch.Tensor | None = None,  # (..., S, C): the tokens that answer; x if None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # Q (..., T, d_q), K, V (..., S, ·)
+        _check_width(x, "x", self.d_model)
+        if context is None:  # self-attention
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if broadcast_shape(x.shape[:-2], context.shape[:-2]) is None:
-            raise ValueError(f"x {shape_str(x)} and context {shape_str(context)} have batch dimensions "
-                             "that do not broadcast")
-        return (self.queries(x), *self.keys_values(context))
+            raise ValueError(f"x {shape_str(x)} and context {shape_str(context)} have batch "
+                             "dimensions that do not broadcast")
+        return (self.q_proj(x), *self.keys_values(context))
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
-        "Q alone, `(..., T, d_k)`: the query rows of the weight applied to `x`."
-        self._check_input(x, "x")
-        b = None if self.bias is None else self.bias[: self.d_k]
-        return F.linear(x, self.weight[: self.d_k], b)
+        "Q alone, `(..., T, d_q)`."
+        return self.q_proj(_check_width(x, "x", self.d_model))
 
     def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "K `(..., S, d_k)` and V `(..., S, d_v)` alone, from `context`."
-        self._check_input(context, "context")
-        dk, b = self.d_k, None if self.bias is None else self.bias[self.d_k :]
-        k, v = F.linear(context, self.weight[dk:], b).split([dk, self.d_v], dim=-1)
-        return k, v
+        _check_width(context, "context", self.d_model)
+        return self.k_proj(context), self.v_proj(context)
+
+
+def _check_width(t: torch.Tensor, name: str, d_model: int) -> torch.Tensor:
+    check_tensor(t, name, min_dim=2, floating=True)
+    if t.shape[-1] != d_model:
+        raise ValueError(f"{name} has width {t.shape[-1]} (shape {shape_str(t)}) but this projection "
+                         f"expects d_model={d_model} features in the last dimension")
+    return t
 
 # %% ../nbs/03_qkv.ipynb #e3f4df11
 def check_qkv(q: torch.Tensor,  # (..., T, D) queries

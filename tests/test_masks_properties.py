@@ -101,10 +101,7 @@ def test_matches_torch_multihead_with_converted_masks(seed):
     C = H * D
     torch.manual_seed(seed)
     ref = nn.MultiheadAttention(C, H, batch_first=True).eval()
-    ours = MultiHeadAttention(C, H).eval()
-    with torch.no_grad():
-        ours.qkv.weight.copy_(ref.in_proj_weight); ours.qkv.bias.copy_(ref.in_proj_bias)
-        ours.out.weight.copy_(ref.out_proj.weight); ours.out.bias.copy_(ref.out_proj.bias)
+    ours = MultiHeadAttention.from_torch(ref)
     ids = torch.randint(1, 9, (B, T), generator=g)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     ids[torch.arange(T)[None] >= lengths[:, None]] = 0  # right padding with pad id 0

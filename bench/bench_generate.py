@@ -14,8 +14,7 @@ import time
 import torch
 
 from common import sync, timed
-from minitransformer.kv_cache import generate
-from minitransformer.masks import causal_mask
+from minitransformer.generation import generate
 from minitransformer.model import GPT, GPTConfig
 
 
@@ -30,7 +29,7 @@ def decode_step_times(model, prompt, n_new, device) -> list[float]:
         nxt = logits.argmax(-1, keepdim=True)
         sync(device)
         t0 = time.perf_counter()
-        logits = model(nxt, cache=cache, mask=causal_mask(1, len(cache) + 1, device=device))[:, -1]
+        logits = model(nxt, cache=cache)[:, -1]  # the causal mask comes from the cache's length
         sync(device)
         times.append(time.perf_counter() - t0)
     return times

@@ -11,7 +11,8 @@ import torch
 
 from minitransformer.core import seed_everything
 from minitransformer.data import DateTask
-from minitransformer.model import Transformer, TransformerConfig, count_parameters, sequence_loss, train
+from minitransformer.model import Transformer, TransformerConfig, count_parameters
+from minitransformer.training import sequence_loss, train
 
 
 def main() -> None:
@@ -36,9 +37,10 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     seed_everything(a.seed)
     task = DateTask(seed=0)
-    cfg = TransformerConfig(len(task.source_tok), len(task.target_tok), max_len=64, d_model=a.d_model,
-                            n_heads=a.heads, n_encoder_layers=a.layers, n_decoder_layers=a.layers, d_ff=a.d_ff,
-                            activation=a.activation, norm_first=not a.post_norm)
+    cfg = TransformerConfig(src_vocab_size=len(task.source_tok), tgt_vocab_size=len(task.target_tok),
+                            max_len=64, d_model=a.d_model, n_heads=a.heads, n_encoder_layers=a.layers,
+                            n_decoder_layers=a.layers, d_ff=a.d_ff, activation=a.activation,
+                            norm_first=not a.post_norm)
     model = Transformer(cfg)
     print(f"{count_parameters(model):,} parameters; {cfg}; threads={torch.get_num_threads()}")
     rng = random.Random(a.seed)

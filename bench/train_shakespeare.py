@@ -19,14 +19,15 @@ import torch
 from minitransformer.core import seed_everything
 from minitransformer.data import char_windows, shakespeare_split
 from minitransformer.embeddings import Tokenizer
-from minitransformer.model import GPT, GPTConfig, count_parameters, sequence_loss, train
+from minitransformer.model import GPT, GPTConfig, count_parameters
+from minitransformer.training import save_checkpoint, sequence_loss, train
 
 
 def init_weights(model: GPT, how: str) -> None:
     "`zero-out`: every block's attention and feed-forward output projections start at zero (see --init)."
     if how == "zero-out":
         with torch.no_grad():
-            for block in model.blocks:
+            for block in model.decoder.layers:
                 block.self_attn.out.weight.zero_()
                 block.ff.w2.weight.zero_()
 
@@ -48,7 +49,8 @@ def main() -> None:
     ap.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.99), help="AdamW's beta1 and beta2")
     ap.add_argument("--activation", default="swiglu")
     ap.add_argument("--norm", default="rmsnorm")
-    ap.add_argument("--positions", default="rotary")
+    ap.add_argument("--position-encoding", "--positions", dest="position_encoding", default="rotary",
+                    help="learned | sinusoidal | rotary (--positions: the old name)")
     ap.add_argument("--rope-base", type=float, default=10000.0, help="rotary positions' frequency base")
     ap.add_argument("--untied", action="store_true", help="separate input embedding and output projection (default: tied)")
     ap.add_argument("--bias", action="store_true", help="biases in linear layers (default: none)")
@@ -66,9 +68,10 @@ def main() -> None:
     tok = Tokenizer.from_texts([train_text], level="char")
     train_ids = torch.tensor(tok.encode(train_text))
     val_ids = torch.tensor(tok.encode(val_text))
-    cfg = GPTConfig(vocab_size=len(tok), max_len=a.context, d_model=a.d_model, n_heads=a.heads, n_layers=a.layers,
-                    d_ff=a.d_ff, activation=a.activation, norm=a.norm, positions=a.positions, rope_base=a.rope_base,
-                    bias=a.bias, tie_weights=not a.untied)
+    cfg = GPTConfig(vocab_size=len(tok), max_len=a.context, d_model=a.d_model, n_heads=a.heads,
+                    n_layers=a.layers, d_ff=a.d_ff, activation=a.activation, norm=a.norm,
+                    position_encoding=a.position_encoding, rope_base=a.rope_base, bias=a.bias,
+                    tie_weights=not a.untied)
     model = GPT(cfg)
     init_weights(model, a.init)
     print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch}; lr {a.lr} -> {a.lr * a.min_lr_ratio:g}; threads={torch.get_num_threads()}")
@@ -98,7 +101,6 @@ def main() -> None:
                     for i in range(0, n, 64)) / n
     print(f"the same model on all {n:,} non-overlapping {a.context}-character windows of the validation plays: {whole:.4f}")
     if a.save:
-        from minitransformer.model import save_checkpoint
         save_checkpoint(model, a.save)
 
 

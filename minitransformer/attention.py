@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .core import broadcast_shape, check_tensor, shape_str
+from .core import broadcast_shape, check_dropout, check_tensor, shape_str
 from .mixing import softmax
 from .qkv import check_qkv
 
@@ -29,11 +29,6 @@ def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -
                          f"shape {tuple(shape)} = (..., T, S)")
 
 
-def _check_dropout(p: float) -> None:
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {p}")
-
-
 def attention_with_weights(
     q: torch.Tensor,  # (..., T, D) queries
     k: torch.Tensor,  # (..., S, D) keys
@@ -44,7 +39,7 @@ def attention_with_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv) and the weights (..., T, S) that made it
     "Scaled dot-product attention step by step, returning the output and the attention weights."
     check_qkv(q, k, v)
-    _check_dropout(dropout_p)
+    check_dropout(dropout_p, "dropout_p")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
     if mask is not None:
@@ -66,7 +61,7 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:  # (..., T, Dv)
     "softmax(q kᵀ · scale, masked) v through PyTorch's fused kernel; rows with no allowed key give zeros."
     check_qkv(q, k, v)
-    _check_dropout(dropout_p)
+    check_dropout(dropout_p, "dropout_p")
     if mask is not None:
         check_mask(mask, (*broadcast_shape(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2]))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)

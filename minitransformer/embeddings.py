@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import check_tensor, shape_str
+from .core import check_positive_int, check_tensor, shape_str
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']
@@ -95,36 +95,36 @@ class Tokenizer:
         return ids, lengths
 
 # %% ../nbs/02_embeddings.ipynb #ad368023
-def check_token_ids(ids: torch.Tensor, n_vocab: int, name: str = "token ids") -> torch.Tensor:
-    "Return `ids` if it is an integer tensor with every id in `[0, n_vocab)`; else raise naming the first bad id."
+def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str = "token ids") -> torch.Tensor:
+    "Return `ids` if it is an integer tensor with every id in `[0, vocab_size)`; else raise naming the first bad id."
     check_tensor(ids, name)
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor (torch.long), got dtype {ids.dtype}")
     if ids.numel():
-        bad = (ids < 0) | (ids >= n_vocab)
+        bad = (ids < 0) | (ids >= vocab_size)
         if bad.any():
             where = tuple(torch.nonzero(bad)[0].tolist())
-            raise ValueError(f"{name} must lie in [0, {n_vocab}) for a vocabulary of {n_vocab}, but "
+            raise ValueError(f"{name} must lie in [0, {vocab_size}) for a vocabulary of {vocab_size}, but "
                              f"{name}{list(where)} = {int(ids[where])} (shape {shape_str(ids)})")
     return ids
 
 
 class TokenEmbedding(nn.Module):
-    "Token ids `(..., T)` → vectors `(..., T, C)` by row lookup in a learned `(n_vocab, C)` table."
+    "Token ids `(..., T)` → vectors `(..., T, C)` by row lookup in a learned `(vocab_size, C)` table."
 
     def __init__(self,
-                 n_vocab: int,  # vocabulary size |V|
+                 vocab_size: int,  # vocabulary size |V|
                  d_model: int,  # C, the width of every token vector
                  padding_idx: int | None = None,  # an id whose row stays zero and gets no gradient
                  scale: bool = False,  # multiply by sqrt(d_model), as in the original Transformer
                  init_std: float = 0.02):  # standard deviation of the initial rows
         super().__init__()
-        if n_vocab < 1 or d_model < 1:
-            raise ValueError(f"n_vocab and d_model must be positive, got n_vocab={n_vocab}, d_model={d_model}")
-        if padding_idx is not None and not 0 <= padding_idx < n_vocab:
-            raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary of {n_vocab}")
-        self.n_vocab, self.d_model, self.padding_idx, self.scale = n_vocab, d_model, padding_idx, scale
-        self.weight = nn.Parameter(torch.empty(n_vocab, d_model))  # E: (|V|, C)
+        check_positive_int(vocab_size, "vocab_size")
+        check_positive_int(d_model, "d_model")
+        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
+            raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary of {vocab_size}")
+        self.vocab_size, self.d_model, self.padding_idx, self.scale = vocab_size, d_model, padding_idx, scale
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E: (|V|, C)
         self.init_std = init_std
         self.reset_parameters()
 
@@ -135,9 +135,9 @@ class TokenEmbedding(nn.Module):
                 self.weight[self.padding_idx].zero_()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        check_token_ids(ids, self.n_vocab)
+        check_token_ids(ids, self.vocab_size)
         x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T) -> (..., T, C)
         return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:
-        return f"{self.n_vocab}, {self.d_model}, padding_idx={self.padding_idx}, scale={self.scale}"
+        return f"{self.vocab_size}, {self.d_model}, padding_idx={self.padding_idx}, scale={self.scale}"

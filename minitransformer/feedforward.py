@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import check_tensor, shape_str
+from .core import check_dropout, check_positive_int, check_tensor, shape_str
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -44,10 +44,9 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose from {ACTIVATIONS}")
-        if d_model < 1 or d_ff < 1:
-            raise ValueError(f"d_model and d_ff must be positive, got d_model={d_model}, d_ff={d_ff}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_positive_int(d_model, "d_model")
+        check_positive_int(d_ff, "d_ff")
+        check_dropout(dropout)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w1 = nn.Linear(d_model, d_ff, **kw)

@@ -227,6 +227,9 @@ class Decoder(nn.Module):
             if memory is not None:
                 raise ValueError("the cache already holds the cross-attention keys and values of "
                                  "the encoder output: pass memory=None")
+            if any(len(c) == 0 for c in cache.cross_attn):  # checked before any cache changes
+                raise ValueError("the cache's cross-attention part is empty: fill it first with "
+                                 "the encoder output's keys and values (fill_cross_attention)")
             cross_caches = cache.cross_attn
         for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
             x = layer(x, memory, mask, memory_mask, angles, sc, cc)

@@ -67,8 +67,11 @@ class HeadProjection(nn.Module):
         if context is not None and (cache is not None or positions is not None):
             raise ValueError("`cache` and `positions` belong to self-attention; for cross-attention "
                              "with a cache, pass the filled cache as `context`")
+        if context is not None and self.rotary is not None:
+            raise ValueError("rotary position embeddings apply to self-attention; this module has "
+                             "`rotary` but was given a context (build cross-attention without it)")
         q, k, v = (split_heads(t, H) for t in self.qkv(x, context))  # (B, H, T or S, D)
-        if self.rotary is not None and context is None:
+        if self.rotary is not None:
             if positions is None:
                 positions = default_positions(0 if cache is None else len(cache), x.shape[-2], x.device)
             angles = positions if isinstance(positions, tuple) else self.rotary.angles(positions)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .core import check_tensor, shape_str
+from .core import check_positive_int, check_tensor, shape_str
 
 # %% auto #0
 __all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'LearnedPositions', 'RotaryEmbedding']
@@ -14,8 +14,8 @@ __all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'LearnedPositions', 'R
 # %% ../nbs/07_positions.ipynb #f692f22c
 def sinusoidal_positions(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
     "The original Transformer's position table `(n_positions, d_model)`: sin/cos pairs at frequencies base^(-2i/d_model)."
-    if n_positions < 1 or d_model < 1:
-        raise ValueError(f"n_positions and d_model must be positive, got {n_positions} and {d_model}")
+    check_positive_int(n_positions, "n_positions")
+    check_positive_int(d_model, "d_model")
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
     freqs = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(C/2),)
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
@@ -51,8 +51,8 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, d_model: int, max_len: int, init_std: float = 0.02, device=None, dtype=None):
         super().__init__()
-        if max_len < 1 or d_model < 1:
-            raise ValueError(f"max_len and d_model must be positive, got {max_len} and {d_model}")
+        check_positive_int(max_len, "max_len")
+        check_positive_int(d_model, "d_model")
         self.d_model, self.max_len = d_model, max_len
         self.weight = nn.Parameter(torch.randn(max_len, d_model, device=device, dtype=dtype) * init_std)
 
@@ -73,8 +73,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim < 2 or head_dim % 2:
             raise ValueError(f"rotary embeddings rotate pairs of numbers, so head_dim must be even, got {head_dim}")
-        if max_len < 1:
-            raise ValueError(f"max_len must be positive, got {max_len}")
+        check_positive_int(max_len, "max_len")
         self.head_dim, self.max_len, self.base, self.interleaved = head_dim, max_len, base, interleaved
         theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
         angles = torch.arange(max_len, dtype=torch.float64)[:, None] * theta  # (max_len, D/2)

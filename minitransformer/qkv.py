@@ -29,6 +29,7 @@ class QKVProjection(nn.Module):
         for name, n in (("d_model", d_model), ("d_q", d_q), ("d_k", d_k), ("d_v", d_v)):
             check_positive_int(n, name)
         self.d_model, self.d_q, self.d_k, self.d_v = d_model, d_q, d_k, d_v
+        device = torch.empty(0).device if device is None else device  # skip_init needs one
         kw = dict(bias=bias, device=device, dtype=dtype)  # skip_init: reset_parameters draws them
         self.q_proj = skip_init(nn.Linear, d_model, d_q, **kw)  # x -> x W_Q
         self.k_proj = skip_init(nn.Linear, d_model, d_k, **kw)  # x -> x W_K

@@ -35,7 +35,7 @@ def bench_attention(dtype, B=8, H=16, T=2048, D=64, repeats=20) -> tuple[float, 
 
 def bench_generate(dtype, new_tokens=256) -> tuple[float, float]:
     "Tokens/s of cached greedy generation, batch 1 and batch 32, for the 4-layer d_model-256 benchmark GPT."
-    from minitransformer.kv_cache import generate
+    from minitransformer.generation import generate
     from minitransformer.model import GPT, GPTConfig
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=5000, max_len=16 + new_tokens, d_model=256, n_heads=4, n_layers=4)).cuda().to(dtype).eval()

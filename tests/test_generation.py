@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from minitransformer.kv_cache import DecoderCache, KVCache, generate
-from minitransformer.masks import causal_mask
+from minitransformer.generation import generate
+from minitransformer.kv_cache import DecoderCache, KVCache
 from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 
 DEVICE = torch.device(os.environ.get("MT_DEVICE", "cpu"))
@@ -16,8 +16,8 @@ if DEVICE.type == "cuda" and not torch.cuda.is_available():
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
-GPT_KINDS = [dict(positions="learned"), dict(positions="sinusoidal"),
-             dict(positions="rotary", activation="swiglu", norm="rmsnorm", bias=False)]
+GPT_KINDS = [dict(position_encoding="learned"), dict(position_encoding="sinusoidal"),
+             dict(position_encoding="rotary", activation="swiglu", norm="rmsnorm", bias=False)]
 
 
 def gpt(seed, **kw):
@@ -27,7 +27,8 @@ def gpt(seed, **kw):
 
 def seq2seq(seed, norm_first):
     torch.manual_seed(seed)
-    cfg = TransformerConfig(29, 23, max_len=80, d_model=30, n_heads=5, norm_first=norm_first)
+    cfg = TransformerConfig(src_vocab_size=29, tgt_vocab_size=23, max_len=80, d_model=30,
+                            n_heads=5, norm_first=norm_first)
     return Transformer(cfg).to(DEVICE).eval()
 
 
@@ -43,7 +44,7 @@ def test_gpt_cached_logits_equal_recomputation(kind):
             assert (step - full).abs().max() <= 1e-5, f"step {t}"
             nxt = full.argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], 1)
-            step = model(nxt, cache=cache, mask=causal_mask(1, ids.shape[1], device=DEVICE))[:, -1]
+            step = model(nxt, cache=cache)[:, -1]  # the causal mask is built for the new token
     assert len(cache) == ids.shape[1]  # every token, including the last one fed
 
 
@@ -53,16 +54,18 @@ def test_encoder_decoder_cached_logits_equal_recomputation(norm_first):
     src = torch.randint(4, 29, (3, 9), device=DEVICE)
     src[1, 6:] = 0  # padding
     with torch.no_grad():
-        memory, mmask = model.encode(src)
-        cache = model.make_cache(3, source_len=9)
+        memory, mmask = model.encode(src)  # mmask: (B, S) real source tokens
+        assert mmask.tolist() == (src != 0).tolist()
+        cache = model.make_cache(3, memory)  # cross-attention keys/values filled from memory
         tgt = torch.full((3, 1), 2, device=DEVICE)
-        step = model.decode(tgt, memory, mmask, cache=cache)[:, -1]
+        step = model.decode(tgt, None, mmask, cache=cache)[:, -1]
         for t in range(20):
             full = model.decode(tgt, memory, mmask)[:, -1]
             assert (step - full).abs().max() <= 1e-5, f"step {t}"
             nxt = full.argmax(-1, keepdim=True)
             tgt = torch.cat([tgt, nxt], 1)
-            step = model.decode(nxt, memory, mmask, cache=cache, mask=causal_mask(1, tgt.shape[1], device=DEVICE))[:, -1]
+            step = model.decode(nxt, None, mmask, cache=cache)[:, -1]
+    assert len(cache) == tgt.shape[1]  # every target token, including the last one fed
 
 
 @pytest.mark.parametrize("kind", range(len(GPT_KINDS)))

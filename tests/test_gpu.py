@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
-from minitransformer.kv_cache import generate
+from minitransformer.generation import generate
 from minitransformer.layers import DecoderLayer, EncoderLayer, LayerConfig
 from minitransformer.masks import causal_mask, combine_masks, padding_mask
-from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig, sequence_loss, train
+from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 from minitransformer.multihead import MultiHeadAttention
 from minitransformer.positions import RotaryEmbedding
+from minitransformer.training import sequence_loss, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
@@ -45,24 +46,28 @@ def test_attention_paths_match_cpu(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_multihead_and_layers_match_cpu(dtype):
     torch.manual_seed(0)
-    cfg = LayerConfig(48, 4, 96, activation="swiglu", norm="rmsnorm", norm_first=True)
-    mods = [MultiHeadAttention(48, 4, rotary=RotaryEmbedding(12, 64)), EncoderLayer(cfg), DecoderLayer(cfg, cross_attention=False)]
+    cfg = LayerConfig(d_model=48, n_heads=4, d_ff=96, activation="swiglu", norm="rmsnorm",
+                      norm_first=True)
+    mods = [MultiHeadAttention(48, 4, rotary=RotaryEmbedding(12, 64)), EncoderLayer(cfg),
+            DecoderLayer(cfg, cross_attention=False)]
     x = torch.randn(2, 19, 48)
     mask = combine_masks(padding_mask(torch.tensor([19, 11]), 19), causal_mask(19))
     for m in mods:
         m.eval()
         with torch.no_grad():
-            ref = m(x, mask=mask) if isinstance(m, (MultiHeadAttention, EncoderLayer)) else m(x, self_mask=mask)
+            ref = m(x, mask=mask)  # self-attention mask: `mask` for all three
             mc = m.to("cuda", dtype)
             xc, maskc = x.cuda().to(dtype), mask.cuda()
-            out = mc(xc, mask=maskc) if isinstance(m, (MultiHeadAttention, EncoderLayer)) else mc(xc, self_mask=maskc)
+            out = mc(xc, mask=maskc)
         assert out.dtype == dtype and close(out, ref, dtype), type(m).__name__
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_generation_on_gpu(dtype):
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(vocab_size=50, max_len=64, d_model=32, n_heads=4, n_layers=2, positions="rotary")).cuda().to(dtype).eval()
+    cfg = GPTConfig(vocab_size=50, max_len=64, d_model=32, n_heads=4, n_layers=2,
+                    position_encoding="rotary")
+    gpt = GPT(cfg).cuda().to(dtype).eval()
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
     cached = generate(gpt, prompts, 20)
     assert all(len(c) == 20 for c in cached)
@@ -70,7 +75,8 @@ def test_generation_on_gpu(dtype):
     if dtype == torch.float32:  # exactness is a float32 claim
         assert cached == generate(gpt, prompts, 20, use_cache=False)
         assert cached == [generate(gpt, [p], 20)[0] for p in prompts]
-    t = Transformer(TransformerConfig(30, 20, d_model=32, n_heads=4)).cuda().to(dtype).eval()
+    t_cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=20, d_model=32, n_heads=4)
+    t = Transformer(t_cfg).cuda().to(dtype).eval()
     out = generate(t, [[2], [2]], 10, source=[[5, 6, 7], [8, 9]])
     assert all(len(o) == 10 for o in out)
 

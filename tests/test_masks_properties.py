@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
-from minitransformer.layers import DecoderLayer, LayerConfig
+from minitransformer.layers import Decoder, LayerConfig
 from minitransformer.masks import causal_mask, combine_masks, padding_mask, padding_mask_from_ids, to_torch_mask
 from minitransformer.multihead import MultiHeadAttention
 from minitransformer.positions import RotaryEmbedding
@@ -24,16 +24,14 @@ def sizes(seed):
 
 
 def stack(C, H, rotary=False):
-    "Two pre-norm decoder-only blocks (the package's own DecoderLayer), optionally rotary."
+    "Two pre-norm decoder-only blocks (the package's own Decoder stack), optionally rotary."
     rope = RotaryEmbedding(C // H, max_len=64) if rotary else None
-    cfg = LayerConfig(C, H, 2 * C + 1, activation="gelu", norm_first=True)
-    return nn.ModuleList(DecoderLayer(cfg, cross_attention=False, rotary=rope) for _ in range(2)).eval()
+    cfg = LayerConfig(d_model=C, n_heads=H, d_ff=2 * C + 1, activation="gelu", norm_first=True)
+    return Decoder(cfg, 2, cross_attention=False, rotary=rope).eval()
 
 
 def run(model, x, mask):
-    for block in model:
-        x = block(x, self_mask=mask)
-    return x
+    return model(x, mask=mask)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -2,6 +2,7 @@
 nbval and Colab, the book's configuration agrees with settings.ini."""
 import filecmp
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -107,3 +108,36 @@ def test_api_page_covers_every_module():
     assert not missing, f"nbs/api.md lacks {missing}"
     for nb in NOTEBOOKS:
         assert f"({nb.name})" in api, f"nbs/api.md does not link to {nb.name}"
+
+
+def _chapter_order() -> list[str]:
+    "Notebook stems of the numbered chapters (and chapter 0) in reading order, from _toc.yml."
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [c["file"].removeprefix("nbs/") for part in toc["parts"] if part["caption"] != "Appendix"
+            for c in part["chapters"] if c["file"].startswith("nbs/")]
+
+
+def _imported_modules(text: str) -> set[str]:
+    "minitransformer modules that source code imports (absolute or, in the package, relative)."
+    pattern = r"(?:from\s+(?:minitransformer)?\.(\w+)\s+import|import\s+minitransformer\.(\w+))"
+    return {a or b for a, b in re.findall(pattern, text)}
+
+
+def test_chapters_use_only_earlier_chapters():
+    "No chapter's notebook or exported module imports the module of a later chapter."
+    order = _chapter_order()
+    assert len(order) >= 10 and order[0] == "00_core", order
+    module_of = {}
+    for stem in order:
+        nb = json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))
+        (exp,) = [m for c in nb["cells"] for m in re.findall(r"#\|\s*default_exp\s+(\w+)", "".join(c["source"]))]
+        module_of[stem] = exp
+    rank = {module_of[stem]: i for i, stem in enumerate(order)}
+    late = []
+    for i, stem in enumerate(order):
+        nb = json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))
+        code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        code += (ROOT / "minitransformer" / f"{module_of[stem]}.py").read_text()
+        late += [f"{stem} imports {m} (chapter {rank[m]})" for m in _imported_modules(code)
+                 if m in rank and rank[m] > i]
+    assert not late, "chapters must only use earlier chapters: " + "; ".join(late)

@@ -15,15 +15,15 @@ from torch import nn
 from .core import check_positive_int, check_tensor, shape_str
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']
+__all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']
 
 # %% ../nbs/02_embeddings.ipynb #e63a56ca
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0, 1, 2, 3 in every vocabulary
 _WORD = re.compile(r"\w+|[^\w\s]")  # a run of letters/digits, or one punctuation mark
 
 
-class Tokenizer:
-    "Word- or character-level tokenizer over a fixed vocabulary; ids 0-3 are `SPECIAL_TOKENS`."
+class Vocabulary:
+    "Token strings and their ids (0-3 are `SPECIAL_TOKENS`), and how text is cut into tokens."
 
     def __init__(self,
                  tokens: Iterable[str],  # the vocabulary's ordinary tokens (specials are added first)
@@ -40,7 +40,7 @@ class Tokenizer:
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], level: str = "word", lowercase: bool = False,
-                   min_freq: int = 1) -> "Tokenizer":
+                   min_freq: int = 1):
         "Build the vocabulary from `texts`: tokens seen at least `min_freq` times, most frequent first."
         if isinstance(texts, str):
             raise TypeError("texts must be an iterable of strings, not one string")
@@ -53,7 +53,7 @@ class Tokenizer:
         return len(self.itos)
 
     def __repr__(self) -> str:
-        return f"Tokenizer({len(self)} tokens, level={self.level!r}, lowercase={self.lowercase})"
+        return f"{type(self).__name__}({len(self)} tokens, level={self.level!r}, lowercase={self.lowercase})"
 
     pad_id, unk_id, bos_id, eos_id = range(4)
 
@@ -64,6 +64,10 @@ class Tokenizer:
         if self.lowercase:
             text = text.lower()
         return list(text) if self.level == "char" else _WORD.findall(text)
+
+# %% ../nbs/02_embeddings.ipynb #9eb92000
+class Tokenizer(Vocabulary):
+    "Word- or character-level tokenizer over a fixed vocabulary: text ↔ token ids."
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         "Token ids of `text`; unknown tokens become `unk_id`."

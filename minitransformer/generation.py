@@ -107,7 +107,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         memory, source_mask = model.encode(src)
     cache = None
     if use_cache:
-        cache = model.make_cache(B, memory, total) if encdec else model.make_cache(B, total)
+        cache = model.make_cache(memory, total) if encdec else model.make_cache(B, total)
     done, out = [False] * B, [[] for _ in range(B)]
     for t in range(P, total):
         lo = (t - 1 if t > P else 0) if use_cache else 0  # with a cache, feed the newest token

@@ -215,10 +215,11 @@ class Transformer(nn.Module):
         memory, source_mask = self.encode(src)
         return self.decode(tgt, memory, source_mask)
 
-    def make_cache(self, batch_size: int, memory: torch.Tensor, max_len: int | None = None):
+    def make_cache(self, memory: torch.Tensor, max_len: int | None = None) -> DecoderCache:
         "Empty self-attention caches, and cross-attention caches filled from `memory` `(B, S, C)`."
-        cache = DecoderCache.for_decoder(self.decoder, batch_size, max_len or self.config.max_len,
-                                         source_len=memory.shape[1])
+        check_tensor(memory, "memory", min_dim=3, floating=True)
+        cache = DecoderCache.for_decoder(self.decoder, memory.shape[0],
+                                         max_len or self.config.max_len, source_len=memory.shape[1])
         cache.fill_cross_attention(self.decoder, memory)
         return cache
 

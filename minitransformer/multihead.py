@@ -37,8 +37,8 @@ class HeadProjection(nn.Module):
     """`QKVProjection` split into H heads: queries `(B, H, T, D)`, keys and values `(B, H, S, D)`.
 
     Coming later: `rotary` rotates self-attention's queries and keys by their `positions`
-    (chapter 7); `cache` keeps self-attention's keys and values across calls, and `context`
-    may be a cache already filled with the context's keys and values (chapter 10)."""
+    (coming in chapter 7); `cache` keeps self-attention's keys and values across calls, and `context`
+    may be a cache already filled with the context's keys and values (coming in chapter 10)."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
                  rotary: nn.Module | None = None, device=None, dtype=None):
@@ -99,7 +99,7 @@ class MultiHeadAttention(HeadProjection):
                  n_heads: int,  # H; must divide d_model
                  bias: bool = True,  # biases in the Q/K/V and output projections
                  dropout: float = 0.0,  # dropout on the attention weights while training
-                 rotary: nn.Module | None = None,  # rotary embedding for self-attention (chapter 7)
+                 rotary: nn.Module | None = None,  # rotary embedding for self-attention (coming: ch. 7)
                  device=None, dtype=None):
         super().__init__(d_model, n_heads, bias, rotary, device, dtype)
         self.dropout = check_dropout(dropout)

@@ -72,7 +72,7 @@ class QKVProjection(nn.Module):
         _check_width(context, "context", self.d_model)
         return self.k_proj(context), self.v_proj(context)
 
-
+# %% ../nbs/03_qkv.ipynb #62d4ea96
 def _check_width(t: torch.Tensor, name: str, d_model: int) -> torch.Tensor:
     check_tensor(t, name, min_dim=2, floating=True)
     if t.shape[-1] != d_model:

@@ -96,6 +96,24 @@ class WeightAverage:
         finally:
             _load(self.params, live)
 
+
+def _evaluate(model: nn.Module, eval_fn: Callable, average: WeightAverage | None) -> dict:
+    "`eval_fn`'s metrics in eval mode; with `average`, also those of the averaged weights."
+    model.eval()
+    metrics = eval_fn(model)
+    if average is not None:
+        with average.swapped_in():
+            metrics |= {f"ema {k}": v for k, v in eval_fn(model).items()}
+    model.train()
+    return metrics
+
+
+def _adamw(params: list, lr: float, betas: tuple, weight_decay: float) -> torch.optim.AdamW:
+    "AdamW with weight decay on matrices only (not on biases, norms' gains or other vectors)."
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
 # %% ../nbs/13_training.ipynb #a7974e38
 def train(model: nn.Module,
           next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
@@ -121,9 +139,7 @@ def train(model: nn.Module,
         raise ValueError("give steps, max_seconds or both")
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=lr, betas=betas)
+    opt = _adamw(params, lr, betas, weight_decay)
     average = None if ema is None else WeightAverage(params, ema)
     log, start, paused = TrainLog(), time.perf_counter(), 0.0
     clock = lambda: time.perf_counter() - start - paused  # training time: evaluations do not count
@@ -131,12 +147,7 @@ def train(model: nn.Module,
     def evaluate(step: int) -> None:
         nonlocal paused
         t0 = time.perf_counter()
-        model.eval()
-        metrics = eval_fn(model)
-        if average is not None:
-            with average.swapped_in():
-                metrics |= {f"ema {k}": v for k, v in eval_fn(model).items()}
-        model.train()
+        metrics = _evaluate(model, eval_fn, average)
         paused += time.perf_counter() - t0
         log.evals.append((step, clock(), metrics))
         if log_every:
@@ -149,9 +160,8 @@ def train(model: nn.Module,
         rate = learning_rate(progress, step, lr, warmup, schedule, min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = rate
-        batch = next_batch(step)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-            loss = loss_fn(model, batch)
+            loss = loss_fn(model, next_batch(step))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if clip is not None:

@@ -56,7 +56,7 @@ def test_encoder_decoder_cached_logits_equal_recomputation(norm_first):
     with torch.no_grad():
         memory, mmask = model.encode(src)  # mmask: (B, S) real source tokens
         assert mmask.tolist() == (src != 0).tolist()
-        cache = model.make_cache(3, memory)  # cross-attention keys/values filled from memory
+        cache = model.make_cache(memory)  # cross-attention keys/values filled from memory
         tgt = torch.full((3, 1), 2, device=DEVICE)
         step = model.decode(tgt, None, mmask, cache=cache)[:, -1]
         for t in range(20):
@@ -117,3 +117,53 @@ def test_cache_refuses_overflow_and_resets():
     model = gpt(0)
     with pytest.raises(ValueError, match="exceeds the model's max_len 80"):
         generate(model, [[5] * 70], 20)
+
+
+def _left_pad(prompts, pad=0):
+    "Left-padded ids (B, P), the real-token mask and positions counted from each row's first token."
+    P = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts], device=DEVICE)
+    real = torch.tensor([[False] * (P - len(p)) + [True] * len(p) for p in prompts], device=DEVICE)
+    positions = (real.long().cumsum(1) - 1).clamp(min=0)
+    return ids, real, positions
+
+
+@pytest.mark.parametrize("kind", range(len(GPT_KINDS)))
+def test_gpt_padding_changes_no_logit(kind):
+    "Logits of a left-padded row equal the row's logits alone (greedy tokens can hide a leak)."
+    model = gpt(20 + kind, **GPT_KINDS[kind])
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]
+    ids, real, positions = _left_pad(prompts)
+    with torch.no_grad():
+        batched = model(ids, attention_mask=real, positions=positions)
+        for b, p in enumerate(prompts):
+            alone = model(torch.tensor([p], device=DEVICE))
+            gap = (batched[b, -len(p):] - alone[0]).abs().max()
+            assert gap <= 1e-5, f"row {b}: padding changed its logits by {gap}"
+
+
+def test_encoder_decoder_padding_changes_no_logit():
+    model = seq2seq(7, False)
+    sources, prompts = [[5, 6, 7, 8, 9, 10], [11, 12]], [[2, 7, 8], [2]]
+    src = torch.tensor([s + [0] * (6 - len(s)) for s in sources], device=DEVICE)  # right-padded
+    tgt, real, positions = _left_pad(prompts)
+    with torch.no_grad():
+        memory, source_mask = model.encode(src)
+        batched = model.decode(tgt, memory, source_mask, attention_mask=real, positions=positions)
+        for b, (s, p) in enumerate(zip(sources, prompts)):
+            alone = model(torch.tensor([s], device=DEVICE), torch.tensor([p], device=DEVICE))
+            gap = (batched[b, -len(p):] - alone[0]).abs().max()
+            assert gap <= 1e-5, f"row {b}: padding changed its logits by {gap}"
+
+
+def test_cross_attention_cache_is_explicit():
+    model = seq2seq(8, True)
+    memory, source_mask = model.encode(torch.randint(4, 29, (2, 5), device=DEVICE))
+    cache = model.make_cache(memory)
+    tgt = torch.full((2, 1), 2, device=DEVICE)
+    with pytest.raises(ValueError, match="pass memory=None"):
+        model.decode(tgt, memory, source_mask, cache=cache)
+    cache.reset()  # empty again: reading it without memory must fail before any cache changes
+    with pytest.raises(ValueError, match="cross-attention part is empty"):
+        model.decode(tgt, None, source_mask, cache=cache)
+    assert len(cache) == 0

@@ -20,16 +20,19 @@ from minitransformer.model import GPT, GPTConfig
 
 @torch.no_grad()
 def decode_step_times(model, prompt, n_new, device) -> list[float]:
-    "Seconds for each decode step (after a prefill), with the same cache calls `generate` makes."
+    "Seconds for each decode step (after a prefill), with the inputs `generate` gives the model."
     ids = torch.tensor([prompt], device=device)
-    cache = model.make_cache(1, len(prompt) + n_new)
-    logits = model(ids, cache=cache)[:, -1]
+    total = len(prompt) + n_new
+    cache = model.make_cache(1, total)
+    real = torch.ones(1, total, dtype=torch.bool, device=device)  # one prompt: no padding
+    logits = model(ids, attention_mask=real[:, : len(prompt)], cache=cache)[:, -1]
     times = []
     for _ in range(n_new):
         nxt = logits.argmax(-1, keepdim=True)
         sync(device)
         t0 = time.perf_counter()
-        logits = model(nxt, cache=cache)[:, -1]  # the causal mask comes from the cache's length
+        n = len(cache) + 1
+        logits = model(nxt, attention_mask=real[:, :n], cache=cache)[:, -1]
         sync(device)
         times.append(time.perf_counter() - t0)
     return times

@@ -64,6 +64,36 @@ class TrainLog:
     lrs: list = field(default_factory=list)
     evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
 
+    def record_step(self, loss: float, rate: float, seconds: float, log_every: int) -> None:
+        self.losses.append(loss)
+        self.lrs.append(rate)
+        if log_every and len(self.losses) % log_every == 0:
+            print(f"step {len(self.losses):>6}  loss {sum(self.losses[-log_every:]) / log_every:.4f}"
+                  f"  lr {rate:.2e}  {seconds:6.1f} s", flush=True)
+
+    def record_eval(self, step: int, seconds: float, metrics: dict, verbose: bool) -> None:
+        self.evals.append((step, seconds, metrics))
+        if verbose:
+            print(f"  eval @ step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+
+
+class _Clock:
+    "Seconds since it was made, less the time spent inside `paused()` blocks."
+
+    def __init__(self):
+        self.start, self.excluded = time.perf_counter(), 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start - self.excluded
+
+    @contextmanager
+    def paused(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t0
+
 
 @torch.no_grad()
 def _load(params: list, values: list) -> None:
@@ -71,7 +101,7 @@ def _load(params: list, values: list) -> None:
     for p, v in zip(params, values):
         p.copy_(v)
 
-
+# %% ../nbs/13_training.ipynb #acce972e
 class WeightAverage:
     "An exponential moving average of `params`, kept in float32 (also for bfloat16 weights)."
 
@@ -141,17 +171,12 @@ def train(model: nn.Module,
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _adamw(params, lr, betas, weight_decay)
     average = None if ema is None else WeightAverage(params, ema)
-    log, start, paused = TrainLog(), time.perf_counter(), 0.0
-    clock = lambda: time.perf_counter() - start - paused  # training time: evaluations do not count
+    log, clock = TrainLog(), _Clock()  # training time: evaluations do not count
 
     def evaluate(step: int) -> None:
-        nonlocal paused
-        t0 = time.perf_counter()
-        metrics = _evaluate(model, eval_fn, average)
-        paused += time.perf_counter() - t0
-        log.evals.append((step, clock(), metrics))
-        if log_every:
-            print(f"  eval @ step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+        with clock.paused():
+            metrics = _evaluate(model, eval_fn, average)
+        log.record_eval(step, clock(), metrics, verbose=bool(log_every))
 
     model.train()
     step = 0
@@ -170,11 +195,7 @@ def train(model: nn.Module,
         step += 1
         if average is not None:
             average.update(step)
-        log.losses.append(loss.item())
-        log.lrs.append(rate)
-        if log_every and step % log_every == 0:
-            print(f"step {step:>6}  loss {sum(log.losses[-log_every:]) / log_every:.4f}  "
-                  f"lr {rate:.2e}  {clock():6.1f} s", flush=True)
+        log.record_step(loss.item(), rate, clock(), log_every)
         if eval_fn is not None and eval_every and step % eval_every == 0:
             evaluate(step)
     log.steps, log.seconds = step, clock()

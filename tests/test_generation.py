@@ -167,3 +167,16 @@ def test_cross_attention_cache_is_explicit():
     with pytest.raises(ValueError, match="cross-attention part is empty"):
         model.decode(tgt, None, source_mask, cache=cache)
     assert len(cache) == 0
+
+
+@pytest.mark.parametrize("encoding", ["learned", "rotary"])
+def test_positions_are_checked_once_per_model_call(monkeypatch, encoding):
+    "Reading position values (a host-device sync on CUDA) happens once per call, not once per layer."
+    import minitransformer.positions as positions
+    calls = []
+    check = positions._check_positions
+    monkeypatch.setattr(positions, "_check_positions", lambda *a: calls.append(1) or check(*a))
+    model = gpt(30, position_encoding=encoding)  # 3 layers
+    with torch.no_grad():
+        model(torch.randint(4, 37, (2, 9), device=DEVICE))
+    assert len(calls) == 1, f"{len(calls)} checks of the position values in one call"

@@ -5,7 +5,9 @@ On Sphinx's `source-read` event each notebook's JSON is rewritten before myst-nb
 - `#| hide`, `#| default_exp` and `#| include: false` cells are removed from the page,
   `#| echo: false` hides the input and `#| output: false` the output (as myst-nb cell tags);
 - `show_doc(...)` cells keep only their rendered output, without the `---` rule that nbdev puts
-  first (a transition inside an output breaks docutils).
+  first (a transition inside an output breaks docutils);
+- `#| alt: TEXT` becomes the alt text of the images the cell outputs (myst-nb's `mystnb.image.alt`);
+- the chapter's Colab install cell (it runs only in Colab) is removed from the page.
 Cell tags such as `nbval-ignore-output` are metadata: myst-nb does not print them.
 
 It also mends two things the browser check caught in the themes' output: a script that sphinx-thebe adds twice
@@ -20,6 +22,8 @@ from pathlib import Path
 
 DIRECTIVE = re.compile(r"^\s*#\|\s*(.*?)\s*$")
 REMOVE_CELL = {"hide", "default_exp", "include: false"}
+ALT = re.compile(r"^alt:\s*(.+)$")
+COLAB_INSTALL = '"google.colab" in sys.modules'
 SHOW_DOC = re.compile(r"^\s*show_doc\(.*\)\s*;?\s*$")
 
 
@@ -56,6 +60,18 @@ def clean_cell(cell: dict) -> None:
         _add_tag(cell, "remove-input")
     if "output: false" in found:
         _add_tag(cell, "remove-output")
+    alts = [m.group(1) for m in map(ALT.match, found) if m]
+    if alts:
+        image = cell["metadata"].setdefault("mystnb", {}).setdefault("image", {})
+        image["alt"] = alts[0]
+        for out in cell.get("outputs", []):  # a to_jshtml animation draws its frames in an <img>
+            html = out.get("data", {}).get("text/html")
+            if html is not None:
+                html = html if isinstance(html, str) else "".join(html)
+                alt = alts[0].replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+                out["data"]["text/html"] = html.replace('<img id="_anim_img', f'<img alt="{alt}" id="_anim_img')
+    if COLAB_INSTALL in "\n".join(code) and "pip" in "\n".join(code):
+        _add_tag(cell, "remove-cell")  # the Colab install cell: it does nothing outside Colab
     while code and not code[0].strip():
         code.pop(0)
     cell["source"] = "\n".join(code)

@@ -17,34 +17,35 @@ __all__ = ['check_mask', 'attention_with_weights', 'scaled_dot_product_attention
 
 # %% ../nbs/04_attention.ipynb #4e9b74c7
 def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -> None:
-    "Raise unless `mask` is None or a boolean tensor (True = may attend) that broadcasts to `shape` = (..., T, S)."
+    "Raise unless `mask` is None or boolean (True = attend) and broadcasts to `shape`."
     if mask is None:
         return
     check_tensor(mask, "mask")
     if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean with True = may attend, got dtype {mask.dtype}; "
-                        "convert a 0/1 mask with mask.bool(), an additive 0/-inf mask with mask == 0")
+        raise TypeError(f"mask must be boolean with True = may attend, got dtype "
+                        f"{mask.dtype}; convert a 0/1 mask with mask.bool(), an "
+                        "additive 0/-inf mask with mask == 0")
     if broadcast_shape(mask.shape, shape) != tuple(shape):
-        raise ValueError(f"mask of shape {shape_str(mask)} does not broadcast to the attention weights' "
-                         f"shape {tuple(shape)} = (..., T, S)")
+        raise ValueError(f"mask of shape {shape_str(mask)} does not broadcast to the "
+                         f"attention weights' shape {tuple(shape)} = (..., T, S)")
 
 
 def attention_with_weights(
     q: torch.Tensor,  # (..., T, D) queries
     k: torch.Tensor,  # (..., S, D) keys
     v: torch.Tensor,  # (..., S, Dv) values
-    mask: torch.Tensor | None = None,  # boolean, True = may attend, broadcastable to (..., T, S)
+    mask: torch.Tensor | None = None,  # bool, True = may attend; to (..., T, S)
     dropout_p: float = 0.0,  # dropout on the weights (pass 0 when not training)
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
-) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv) and the weights (..., T, S) that made it
-    "Scaled dot-product attention step by step, returning the output and the attention weights."
+) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv), weights (..., T, S)
+    "Scaled dot-product attention step by step; returns the output and the weights."
     check_qkv(q, k, v)
     check_dropout(dropout_p, "dropout_p")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
+    scores = q @ k.transpose(-2, -1) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
     if mask is not None:
         check_mask(mask, scores.shape)
-        scores = scores.masked_fill(~mask, float("-inf"))  # blocked keys can get no weight
+        scores = scores.masked_fill(~mask, float("-inf"))  # blocked keys get no weight
     weights = softmax(scores)  # (..., T, S); a row with no allowed key is all zeros
     if dropout_p > 0.0:
         weights = F.dropout(weights, dropout_p)
@@ -55,16 +56,18 @@ def scaled_dot_product_attention(
     q: torch.Tensor,  # (..., T, D) queries
     k: torch.Tensor,  # (..., S, D) keys
     v: torch.Tensor,  # (..., S, Dv) values
-    mask: torch.Tensor | None = None,  # boolean, True = may attend, broadcastable to (..., T, S)
+    mask: torch.Tensor | None = None,  # bool, True = may attend; to (..., T, S)
     dropout_p: float = 0.0,  # dropout on the weights (pass 0 when not training)
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
 ) -> torch.Tensor:  # (..., T, Dv)
-    "softmax(q kᵀ · scale, masked) v through PyTorch's fused kernel; rows with no allowed key give zeros."
+    "softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; no allowed key gives 0."
     check_qkv(q, k, v)
     check_dropout(dropout_p, "dropout_p")
     if mask is not None:
-        check_mask(mask, (*broadcast_shape(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2]))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
-    if mask is not None:
-        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # (..., T, 1): queries that see nothing
+        lead = broadcast_shape(q.shape[:-2], k.shape[:-2])
+        check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                         scale=scale)
+    if mask is not None:  # (..., T, 1): queries that may see nothing output zeros
+        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out

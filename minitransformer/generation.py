@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .core import check_positive_int, check_probability, check_tensor, shape_str
+from .core import (
+    check_positive_int, check_probability, check_tensor, shape_str)
 from .model import GPT, Transformer
 
 # %% auto #0
@@ -13,12 +14,12 @@ __all__ = ['sample_next', 'generate']
 
 # %% ../nbs/12_generation.ipynb #555c941e
 def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
-                temperature: float = 1.0,  # 0: greedy (argmax); < 1 sharper; > 1 flatter
+                temperature: float = 1.0,  # 0: greedy; < 1 sharper; > 1 flatter
                 top_k: int | None = None,  # keep only the k most likely tokens
-                top_p: float | None = None,  # keep the fewest tokens whose mass reaches p
+                top_p: float | None = None,  # the fewest tokens whose mass reaches p
                 generator: torch.Generator | None = None,  # for reproducible sampling
                 ) -> torch.Tensor:  # (B,) token ids
-    "Each row's next token: greedy if `temperature == 0`, else sampled from the filtered softmax."
+    "Each row's next token: the argmax if `temperature == 0`, else a filtered draw."
     check_tensor(logits, "logits", floating=True)
     if logits.dim() != 2:
         raise ValueError(f"logits must be (B, V), got shape {shape_str(logits)}")
@@ -32,22 +33,25 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
         return logits.argmax(-1)
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest score
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): k-th largest score
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V) each
         probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
-        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))  # top one stays
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(-1)
+        before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+        drop = before >= top_p  # the most likely token always stays
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        unsorted = torch.full_like(logits, float("-inf"))
+        logits = unsorted.scatter(-1, order, sorted_logits)  # back in token order
+    probs = logits.softmax(-1)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 # %% ../nbs/12_generation.ipynb #3a1ec161
 def _as_rows(prompts, name: str) -> list[list[int]]:
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() != 2:
-            raise ValueError(f"{name} as a tensor must be (B, T), got shape {shape_str(prompts)}")
+            raise ValueError(f"{name} as a tensor must be (B, T), got shape "
+                             f"{shape_str(prompts)}")
         return prompts.tolist()
     rows = [list(map(int, p)) for p in prompts]
     if not rows or any(len(r) == 0 for r in rows):
@@ -56,68 +60,74 @@ def _as_rows(prompts, name: str) -> list[list[int]]:
 
 
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
-    "Ids `(B, total)` with each row's prompt ending at column P, its real-token mask, positions."
+    "Ids `(B, total)`, each prompt ending at column P; its real-token mask; positions."
     B, P = len(rows), max(map(len, rows))
     ids = torch.full((B, total), pad, dtype=torch.long, device=device)
-    real = torch.zeros(B, total, dtype=torch.bool, device=device)  # which positions hold tokens
+    real = torch.zeros(B, total, dtype=torch.bool, device=device)  # which hold tokens
     for b, r in enumerate(rows):
         ids[b, P - len(r) : P] = torch.tensor(r, device=device)
         real[b, P - len(r) : P] = True
-    offset = torch.tensor([P - len(r) for r in rows], device=device)  # each row's left padding
-    positions = (torch.arange(total, device=device)[None, :] - offset[:, None]).clamp(min=0)
-    return ids, real, positions  # positions count from each row's first real token
+    offset = torch.tensor([P - len(r) for r in rows], device=device)  # left padding
+    positions = torch.arange(total, device=device)[None, :] - offset[:, None]
+    return ids, real, positions.clamp(min=0)  # counted from each row's first token
 
 # %% ../nbs/12_generation.ipynb #8827f5be
 @torch.no_grad()
 def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder model
              prompts,  # (B, T) tensor or B lists of token ids, of any lengths
              max_new_tokens: int,  # how many tokens to add at most
-             source=None,  # encoder–decoder only: (B, S) tensor or B lists of source ids
+             source=None,  # encoder–decoder only: (B, S) tensor or B lists of ids
              temperature: float = 0.0,  # 0 = greedy
              top_k: int | None = None,
              top_p: float | None = None,
-             stop_token: int | None = None,  # a row stops after producing this id (not returned)
+             stop_token: int | None = None,  # a row stops after this id (not returned)
              generator: torch.Generator | None = None,  # seeds sampling
-             use_cache: bool = True,  # False: recompute everything at every step (for checking)
+             use_cache: bool = True,  # False: recompute everything at every step
              ) -> list[list[int]]:  # the new tokens of each row
-    """Continue each prompt token by token. Prompts of different lengths are left-padded, with
-    positions counted from each row's first real token and the padding masked, so each row gets
-    exactly the tokens it would get alone."""
+    """Continue each prompt token by token. Prompts of different lengths are padded
+    on the left, with positions counted from each row's first real token and the
+    padding masked, so each row gets exactly the tokens it would get alone."""
     if not isinstance(model, (GPT, Transformer)):
-        raise TypeError(f"generate takes a GPT or a Transformer, got {type(model).__name__}")
+        raise TypeError("generate takes a GPT or a Transformer, got "
+                        f"{type(model).__name__}")
     encdec = isinstance(model, Transformer)
     if encdec != (source is not None):
-        raise ValueError("an encoder–decoder model needs `source`; a decoder-only model takes none")
+        raise ValueError("an encoder–decoder model needs `source`; a decoder-only "
+                         "model takes none")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     rows = _as_rows(prompts, "prompts")
     B, P, device = len(rows), max(map(len, rows)), next(model.parameters()).device
     total = P + max_new_tokens
     if total > model.config.max_len:
-        raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} = {total} exceeds "
-                         f"the model's max_len {model.config.max_len}")
+        raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} = "
+                         f"{total} exceeds the model's max_len {model.config.max_len}")
     ids, real, positions = _left_padded(rows, total, model.config.pad_id, device)
     if encdec:
         src_rows = _as_rows(source, "source")
         if len(src_rows) != B:
             raise ValueError(f"{B} prompts but {len(src_rows)} sources")
-        src = torch.full((B, max(map(len, src_rows))), model.config.pad_id, device=device)
+        S = max(map(len, src_rows))
+        src = torch.full((B, S), model.config.pad_id, device=device)  # right-padded
         for b, r in enumerate(src_rows):
             src[b, : len(r)] = torch.tensor(r, device=device)
         memory, source_mask = model.encode(src)
     cache = None
-    if use_cache:
-        cache = model.make_cache(memory, total) if encdec else model.make_cache(B, total)
+    if use_cache and encdec:
+        cache = model.make_cache(memory, total)  # cross-attention filled once
+    elif use_cache:
+        cache = model.make_cache(B, total)
     done, out = [False] * B, [[] for _ in range(B)]
     for t in range(P, total):
-        lo = (t - 1 if t > P else 0) if use_cache else 0  # with a cache, feed the newest token
+        lo = (t - 1 if t > P else 0) if use_cache else 0  # cached: the newest token
         kw = dict(attention_mask=real[:, :t], positions=positions[:, lo:t], cache=cache)
         if encdec:  # with a cache, the encoder output is already in it
-            logits = model.decode(ids[:, lo:t], None if use_cache else memory, source_mask, **kw)
+            mem = None if use_cache else memory
+            logits = model.decode(ids[:, lo:t], mem, source_mask, **kw)
         else:
             logits = model(ids[:, lo:t], **kw)
         nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
-        for b, token in enumerate(nxt.tolist()):  # one transfer per step, not one per row
+        for b, token in enumerate(nxt.tolist()):  # one transfer per step, not per row
             if not done[b]:
                 done[b] = token == stop_token
                 if not done[b]:

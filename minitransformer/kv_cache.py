@@ -15,15 +15,17 @@ __all__ = ['KVCache', 'DecoderCache']
 
 # %% ../nbs/10_kv_cache.ipynb #12dd146b
 class KVCache:
-    """Keys and values of one attention layer, preallocated as `(B, H, max_len, D)` buffers.
+    """Keys and values of one layer, in `(B, H, max_len, D)` buffers allocated once.
 
-    `update(k, v)` writes the new `(B, H, T, D)` entries after the `len(cache)` stored ones and returns all
-    of them; the cache knows its own length and refuses to grow past `max_len`."""
+    `update(k, v)` writes the new `(B, H, T, D)` entries after the `len(cache)` stored
+    ones and returns all of them; the cache knows its own length and refuses to grow
+    past `max_len`."""
 
     def __init__(self, batch_size: int, n_heads: int, max_len: int, head_dim: int,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
-        for name, n in (("batch_size", batch_size), ("n_heads", n_heads), ("max_len", max_len),
-                        ("head_dim", head_dim)):
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32):
+        for name, n in (("batch_size", batch_size), ("n_heads", n_heads),
+                        ("max_len", max_len), ("head_dim", head_dim)):
             check_positive_int(n, name)
         shape = (batch_size, n_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H, max_len, D)
@@ -42,23 +44,26 @@ class KVCache:
         "Bytes held by the two buffers (allocated, whatever is in use)."
         return 2 * self.k.numel() * self.k.element_size()
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "Append `k`, `v` of shape `(B, H, T, D)`; return every stored key and value, `(B, H, len, D)`."
+    def update(self, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "Append `k`, `v` of shape `(B, H, T, D)`; return every stored key and value."
         B, H, _, D = self.k.shape
         for t, name in ((k, "k"), (v, "v")):
             if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H, D):
-                raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache of (B, H, max_len, D) = "
-                                 f"{shape_str(self.k)}")
+                raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache "
+                                 f"of (B, H, max_len, D) = {shape_str(self.k)}")
         T = k.shape[2]
         if v.shape[2] != T:
-            raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the same number of positions")
+            raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the "
+                             "same number of positions")
         if self.length + T > self.max_len:
-            raise ValueError(f"KV cache overflow: {self.length} positions cached + {T} new > max_len {self.max_len}; "
-                             "allocate a longer cache")
-        self.k[:, :, self.length : self.length + T] = k  # written in place: no torch.cat, no new memory
+            raise ValueError(f"KV cache overflow: {self.length} positions cached + {T} "
+                             f"new > max_len {self.max_len}; allocate a longer cache")
+        # written in place: no torch.cat, no new memory
+        self.k[:, :, self.length : self.length + T] = k
         self.v[:, :, self.length : self.length + T] = v
         self.length += T
-        return self.keys_values()
+        return self.keys_values()  # (B, H, len, D) each
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         "The stored keys and values, views `(B, H, len, D)`."
@@ -69,26 +74,30 @@ class KVCache:
         self.length = 0
 
     def __repr__(self) -> str:
-        return f"KVCache(length={self.length}, shape={shape_str(self.k)}, dtype={self.k.dtype}, device={self.k.device})"
+        return (f"KVCache(length={self.length}, shape={shape_str(self.k)}, "
+                f"dtype={self.k.dtype}, device={self.k.device})")
 
 # %% ../nbs/10_kv_cache.ipynb #3f958e4a
 @dataclass
 class DecoderCache:
-    """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for an
-    encoder–decoder, one cross-attention cache per layer holding the encoder output's keys and values."""
+    """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for
+    an encoder–decoder, one cross-attention cache per layer holding the encoder output's
+    keys and values."""
     self_attn: list[KVCache]
     cross_attn: list[KVCache] | None = None
 
     @classmethod
-    def allocate(cls, n_layers: int, batch_size: int, n_heads: int, max_len: int, head_dim: int,
-                 source_len: int | None = None, device=None,
+    def allocate(cls, n_layers: int, batch_size: int, n_heads: int, max_len: int,
+                 head_dim: int, source_len: int | None = None, device=None,
                  dtype: torch.dtype = torch.float32) -> DecoderCache:
-        "Empty caches for every layer; cross-attention caches of length `source_len` when it is given."
+        "Empty caches for every layer; cross-attention ones of `source_len` if given."
         check_positive_int(n_layers, "n_layers")
         kw = dict(device=device, dtype=dtype)
-        self_attn = [KVCache(batch_size, n_heads, max_len, head_dim, **kw) for _ in range(n_layers)]
+        self_attn = [KVCache(batch_size, n_heads, max_len, head_dim, **kw)
+                     for _ in range(n_layers)]
         cross = None if source_len is None else [
-            KVCache(batch_size, n_heads, source_len, head_dim, **kw) for _ in range(n_layers)]
+            KVCache(batch_size, n_heads, source_len, head_dim, **kw)
+            for _ in range(n_layers)]
         return cls(self_attn, cross)
 
     @classmethod
@@ -96,25 +105,27 @@ class DecoderCache:
                     source_len: int | None = None) -> DecoderCache:
         "Empty caches shaped for `decoder`, on its device and in its dtype."
         if decoder.cross_attention != (source_len is not None):
-            raise ValueError("a decoder with cross-attention needs source_len, the length of the "
-                             "encoder output; one without takes none")
+            raise ValueError("a decoder with cross-attention needs source_len, the "
+                             "length of the encoder output; one without takes none")
         attn, p = decoder.layers[0].self_attn, next(decoder.parameters())
-        return cls.allocate(len(decoder.layers), batch_size, attn.n_heads, max_len, attn.head_dim,
-                            source_len, p.device, p.dtype)
+        return cls.allocate(len(decoder.layers), batch_size, attn.n_heads, max_len,
+                            attn.head_dim, source_len, p.device, p.dtype)
 
     def fill_cross_attention(self, decoder: Decoder, memory: torch.Tensor) -> None:
-        "Project the encoder output `memory` `(B, S, C)` into every layer's cross-attention cache."
+        "Project the encoder output `memory` `(B, S, C)` into each layer's cross cache."
         if self.cross_attn is None or len(self.cross_attn) != len(decoder.layers):
-            raise ValueError("this cache has no cross-attention caches for this decoder's layers")
+            raise ValueError("this cache has no cross-attention caches for this "
+                             "decoder's layers")
         if any(len(c) for c in self.cross_attn):
-            raise ValueError("the cross-attention caches are already filled; reset() to start over")
+            raise ValueError("the cross-attention caches are already filled; "
+                             "reset() to start over")
         for layer, c in zip(decoder.layers, self.cross_attn):
             c.update(*layer.cross_attn.context_keys_values(memory))
 
     def __len__(self) -> int:
-        "Tokens processed so far (every layer's self-attention cache holds the same number)."
+        "Tokens processed so far (every layer's self-attention cache holds as many)."
         lengths = {len(c) for c in self.self_attn}
-        assert len(lengths) == 1, f"layer caches disagree on their length: {sorted(lengths)}"
+        assert len(lengths) == 1, f"layer caches disagree on length: {sorted(lengths)}"
         return lengths.pop()
 
     @property

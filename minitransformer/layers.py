@@ -8,7 +8,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from .core import check_dropout, check_positive_int, check_tensor, shape_str
+from .core import check_dropout, check_positive_int
+from .core import check_tensor, shape_str
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, default_positions
 
@@ -17,7 +18,8 @@ __all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'Deco
 
 # %% ../nbs/09_layers.ipynb #241dad9e
 class RMSNorm(nn.Module):
-    "Root-mean-square normalization of each vector `(..., C)`: `x / sqrt(mean(x²) + eps) * weight`."
+    """Root-mean-square normalization of each vector `(..., C)`:
+    `x / sqrt(mean(x²) + eps) * weight`."""
 
     def __init__(self, d_model: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
@@ -36,7 +38,8 @@ class RMSNorm(nn.Module):
 NORMS = ("layernorm", "rmsnorm")
 
 
-def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=None, dtype=None) -> nn.Module:
+def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=None,
+              dtype=None) -> nn.Module:
     "A `layernorm` (with or without its shift) or an `rmsnorm` of width `d_model`."
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
@@ -47,16 +50,16 @@ def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=Non
 # %% ../nbs/09_layers.ipynb #a9308ebe
 @dataclass(frozen=True, kw_only=True)
 class LayerConfig:
-    "The shape and the choices of one encoder or decoder layer (a model's config extends it)."
+    "The shape and choices of one encoder or decoder layer (model configs extend it)."
     d_model: int = 128  # C, the width of every token vector
     n_heads: int = 4  # attention heads; must divide d_model
     d_ff: int | None = None  # hidden width of the feed-forward network; None: 4·d_model
     activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5  # epsilon inside the norm
-    norm_first: bool = False  # False: post-norm (2017, BERT); True: pre-norm (GPT-2, Llama)
+    norm_first: bool = False  # False: post-norm (2017, BERT); True: pre-norm (GPT-2)
     bias: bool = True  # biases in linear layers (and LayerNorm's shift)
-    dropout: float = 0.0  # dropout on sublayer outputs, attention weights and FFN hidden units
+    dropout: float = 0.0  # on sublayer outputs, attention weights, FFN hidden units
 
     def __post_init__(self):
         check_positive_int(self.d_model, "d_model")
@@ -65,9 +68,11 @@ class LayerConfig:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
         check_positive_int(self.d_ff, "d_ff")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by "
+                             f"n_heads ({self.n_heads})")
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, "
+                             f"got {self.activation!r}")
         if self.norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if not self.norm_eps > 0:
@@ -81,7 +86,8 @@ class LayerConfig:
 
     def layer(self) -> LayerConfig:
         "The layer's fields alone (from a model's config, which extends them)."
-        return LayerConfig(**{f.name: getattr(self, f.name) for f in fields(LayerConfig)})
+        return LayerConfig(**{f.name: getattr(self, f.name)
+                              for f in fields(LayerConfig)})
 
     def make_norm(self) -> nn.Module:
         "A norm of the configured kind and width."
@@ -103,24 +109,27 @@ class _Sublayers(nn.Module):
 
     def _attention(self, rotary: nn.Module | None = None) -> MultiHeadAttention:
         c = self.cfg
-        return MultiHeadAttention(c.d_model, c.n_heads, c.bias, c.dropout, rotary=rotary)
+        return MultiHeadAttention(c.d_model, c.n_heads, c.bias, c.dropout,
+                                  rotary=rotary)
 
     def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
         check_tensor(x, name, min_dim=3, floating=True)
         if x.shape[-1] != self.cfg.d_model:
-            raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) but the layer "
-                             f"has d_model={self.cfg.d_model}")
+            raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) "
+                             f"but the layer has d_model={self.cfg.d_model}")
 
 
 class EncoderLayer(_Sublayers):
     """Self-attention then feed-forward, each inside a residual connection and a norm:
-    `(B, T, C) → (B, T, C)`. `mask`: bool, True = may attend, broadcastable to `(B, H, T, T)`
-    — a padding mask `(B, 1, 1, T)` lets every token see every real token."""
+    `(B, T, C) → (B, T, C)`. `mask`: bool, True = may attend, broadcastable to
+    `(B, H, T, T)` — a padding mask `(B, 1, 1, T)` lets every token see every real
+    token."""
 
     def __init__(self, cfg: LayerConfig, rotary: nn.Module | None = None):
         super().__init__(cfg)
         self.self_attn = self._attention(rotary)
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.dropout)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias,
+                              cfg.dropout)
         self.attn_norm, self.ff_norm = cfg.make_norm(), cfg.make_norm()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
@@ -135,9 +144,10 @@ class DecoderLayer(_Sublayers):
     """Masked self-attention, cross-attention over `memory` (the encoder output), then
     feed-forward: `(B, T, C) → (B, T, C)`. With `cross_attention=False`, a GPT block.
 
-    Masks are bool, True = may attend: `mask` broadcastable to `(B, H, T, S_self)` (causal, plus
-    padding), `memory_mask` to `(B, H, T, S)`. Caches (coming in chapter 10) hold keys and values:
-    `self_cache` grows with each new token; `cross_cache`, filled once from `memory`, replaces it."""
+    Masks are bool, True = may attend: `mask` broadcastable to `(B, H, T, S_self)`
+    (causal, plus padding), `memory_mask` to `(B, H, T, S)`. Caches (coming in
+    chapter 10) hold keys and values: `self_cache` grows with each new token;
+    `cross_cache`, filled once from `memory`, replaces it."""
 
     def __init__(self, cfg: LayerConfig, cross_attention: bool = True,
                  rotary: nn.Module | None = None):
@@ -146,25 +156,26 @@ class DecoderLayer(_Sublayers):
         self.attn_norm = cfg.make_norm()
         self.cross_attn = self._attention() if cross_attention else None
         self.cross_norm = cfg.make_norm() if cross_attention else None
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.dropout)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias,
+                              cfg.dropout)
         self.ff_norm = cfg.make_norm()
 
     def forward(self,
                 x: torch.Tensor,  # (B, T, C) target tokens
-                memory: torch.Tensor | None = None,  # (B, S, C) encoder output (cross-attention)
-                mask: torch.Tensor | None = None,  # bool, usually causal (+ target padding)
-                memory_mask: torch.Tensor | None = None,  # bool, source padding (B, 1, 1, S)
+                memory: torch.Tensor | None = None,  # (B, S, C) encoder output
+                mask: torch.Tensor | None = None,  # bool, causal (+ target padding)
+                memory_mask: torch.Tensor | None = None,  # bool, (B, 1, 1, S) padding
                 positions=None,  # rotary positions of the T tokens
                 self_cache=None,  # KVCache of this layer's self-attention
                 cross_cache=None,  # KVCache of its cross-attention, filled from memory
                 ) -> torch.Tensor:
         self._check_x(x)
         if self.cross_attn is None and (memory is not None or cross_cache is not None):
-            raise ValueError("this DecoderLayer was built with cross_attention=False; it takes no "
-                             "memory and no cross_cache")
+            raise ValueError("this DecoderLayer was built with cross_attention=False; "
+                             "it takes no memory and no cross_cache")
         if self.cross_attn is not None and (memory is None) == (cross_cache is None):
-            raise ValueError("this DecoderLayer needs the encoder output `memory` or a cross_cache "
-                             "filled from it: exactly one of the two")
+            raise ValueError("this DecoderLayer needs the encoder output `memory` or a "
+                             "cross_cache filled from it: exactly one of the two")
         x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
             h, mask=mask, positions=positions, cache=self_cache))
         if self.cross_attn is not None:
@@ -175,10 +186,11 @@ class DecoderLayer(_Sublayers):
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
-    "The rotary angles every layer of a stack shares, checked once (None without rotary)."
+    "The rotary angles that every layer of a stack shares (None without rotary)."
     if rotary is None:
         if positions is not None:
-            raise ValueError("positions were given, but this stack has no rotary embedding")
+            raise ValueError("positions were given, but this stack has no rotary "
+                             "embedding")
         return None
     if positions is None:
         positions = default_positions(past, x.shape[-2], x.device)
@@ -186,9 +198,11 @@ def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
 
 
 class Encoder(nn.Module):
-    "`n_layers` encoder layers and, for pre-norm, a final norm: `(B, T, C) → (B, T, C)`."
+    """`n_layers` encoder layers and, for pre-norm, a final norm:
+    `(B, T, C) → (B, T, C)`."""
 
-    def __init__(self, cfg: LayerConfig, n_layers: int, rotary: nn.Module | None = None):
+    def __init__(self, cfg: LayerConfig, n_layers: int,
+                 rotary: nn.Module | None = None):
         super().__init__()
         check_positive_int(n_layers, "n_layers")
         self.rotary = rotary
@@ -202,11 +216,12 @@ class Encoder(nn.Module):
             x = layer(x, mask, angles)
         return self.norm(x)
 
-
+# %% ../nbs/09_layers.ipynb #4b487aef
 class Decoder(nn.Module):
-    """`n_layers` decoder layers and, for pre-norm, a final norm: `(B, T, C) → (B, T, C)`.
-    `cache` (coming in chapter 10) holds one cache per layer in `cache.self_attn` and, for
-    cross-attention, `cache.cross_attn`; a filled cross cache replaces `memory`."""
+    """`n_layers` decoder layers and, for pre-norm, a final norm:
+    `(B, T, C) → (B, T, C)`.
+    `cache` (coming in chapter 10) holds one cache per layer in `cache.self_attn` and,
+    for cross-attention, `cache.cross_attn`; a filled cross cache replaces `memory`."""
 
     def __init__(self, cfg: LayerConfig, n_layers: int, cross_attention: bool = True,
                  rotary: nn.Module | None = None):
@@ -218,18 +233,21 @@ class Decoder(nn.Module):
         self.norm = cfg.make_norm() if cfg.norm_first else nn.Identity()
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None,
+                memory_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None) -> torch.Tensor:
-        angles = _stack_positions(self.rotary, positions, 0 if cache is None else len(cache), x)
+        past = 0 if cache is None else len(cache)
+        angles = _stack_positions(self.rotary, positions, past, x)
         self_caches = [None] * len(self.layers) if cache is None else cache.self_attn
         cross_caches = [None] * len(self.layers)
         if cache is not None and cache.cross_attn is not None:
             if memory is not None:
-                raise ValueError("the cache already holds the cross-attention keys and values of "
-                                 "the encoder output: pass memory=None")
-            if any(len(c) == 0 for c in cache.cross_attn):  # checked before any cache changes
-                raise ValueError("the cache's cross-attention part is empty: fill it first with "
-                                 "the encoder output's keys and values (fill_cross_attention)")
+                raise ValueError("the cache already holds the cross-attention keys and "
+                                 "values of the encoder output: pass memory=None")
+            if any(len(c) == 0 for c in cache.cross_attn):  # before any cache changes
+                raise ValueError("the cache's cross-attention part is empty: fill it "
+                                 "first with the encoder output's keys and values "
+                                 "(fill_cross_attention)")
             cross_caches = cache.cross_attn
         for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
             x = layer(x, memory, mask, memory_mask, angles, sc, cc)

@@ -14,20 +14,24 @@ __all__ = ['causal_mask', 'padding_mask', 'padding_mask_from_ids', 'combine_mask
 def causal_mask(T: int,  # number of queries: the last T of the S positions
                 S: int | None = None,  # number of keys (default T)
                 device=None) -> torch.Tensor:  # (T, S) bool, True = may attend
-    "Causal mask `(T, S)`, aligned bottom-right: query i (at position S-T+i) may attend to keys 0..S-T+i."
+    """Causal mask `(T, S)`, aligned bottom-right: query i (at position S-T+i) may
+    attend to keys 0..S-T+i."""
     S = T if S is None else S
     if T < 1 or S < T:
-        raise ValueError(f"a causal mask needs 1 <= T <= S (each query's own key is among the keys), got T={T}, S={S}")
+        raise ValueError(f"a causal mask needs 1 <= T <= S (each query's own key is "
+                         f"among the keys), got T={T}, S={S}")
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
 
 # %% ../nbs/08_masks.ipynb #eb06eb5a
-def padding_mask(lengths: torch.Tensor,  # (B,) number of real tokens per sequence (right-padded)
+def padding_mask(lengths: torch.Tensor,  # (B,) real tokens per sequence (right-padded)
                  S: int | None = None,  # padded length (default: the longest)
                  ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
-    "Key-padding mask `(B, 1, 1, S)` from sequence lengths: True for the first `lengths[b]` keys of sequence b."
+    """Key-padding mask `(B, 1, 1, S)` from sequence lengths: True for the first
+    `lengths[b]` keys of sequence b."""
     check_tensor(lengths, "lengths", min_dim=1)
     if lengths.dim() != 1 or lengths.is_floating_point():
-        raise ValueError(f"lengths must be a 1-D integer tensor (B,), got shape {shape_str(lengths)} and dtype {lengths.dtype}")
+        raise ValueError(f"lengths must be a 1-D integer tensor (B,), got shape "
+                         f"{shape_str(lengths)} and dtype {lengths.dtype}")
     S = int(lengths.max()) if S is None else S
     if lengths.min() < 0 or lengths.max() > S:
         raise ValueError(f"lengths must lie in [0, {S}], got {lengths.tolist()}")
@@ -38,24 +42,28 @@ def padding_mask(lengths: torch.Tensor,  # (B,) number of real tokens per sequen
 def padding_mask_from_ids(ids: torch.Tensor,  # (B, S) token ids
                           pad_id: int,  # the padding token's id
                           ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
-    "Key-padding mask `(B, 1, 1, S)`: True wherever `ids` is not `pad_id` (works for left or right padding)."
+    """Key-padding mask `(B, 1, 1, S)`: True wherever `ids` is not `pad_id` (works for
+    left or right padding)."""
     check_tensor(ids, "ids")
     if ids.dim() != 2:
         raise ValueError(f"ids must be (B, S), got shape {shape_str(ids)}")
     return (ids != pad_id)[:, None, None, :]
 
-
+# %% ../nbs/08_masks.ipynb #a2afb004
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
-    "Logical AND of boolean masks that broadcast together (None entries are skipped; all None gives None)."
+    """Logical AND of boolean masks that broadcast together (None entries are skipped;
+    all None gives None)."""
     present = [m for m in masks if m is not None]
     for i, m in enumerate(present):
         check_tensor(m, f"mask {i}")
         if m.dtype != torch.bool:
-            raise TypeError(f"mask {i} must be boolean (True = may attend), got dtype {m.dtype}")
+            raise TypeError(f"mask {i} must be boolean (True = may attend), "
+                            f"got dtype {m.dtype}")
     if not present:
         return None
     if broadcast_shape(*(m.shape for m in present)) is None:
-        raise ValueError(f"masks of shapes {[tuple(m.shape) for m in present]} do not broadcast together")
+        shapes = [tuple(m.shape) for m in present]
+        raise ValueError(f"masks of shapes {shapes} do not broadcast together")
     out = present[0]
     for m in present[1:]:
         out = out & m
@@ -63,21 +71,27 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
 
 # %% ../nbs/08_masks.ipynb #8b85cbd8
 def additive_mask(mask: torch.Tensor,  # bool, True = may attend
-                  dtype: torch.dtype = torch.float32,  # dtype of the scores the mask is added to
-                  ) -> torch.Tensor:  # 0 where allowed; -inf (float32/64) or the dtype's min (float16/bfloat16) where blocked
-    "The additive form of a boolean mask: 0 where it is True, a huge negative number where it is False."
+                  dtype: torch.dtype = torch.float32,  # dtype of the scores
+                  ) -> torch.Tensor:  # 0 where allowed, very negative where blocked
+    """The additive form of a boolean mask: 0 where it is True, a huge negative number
+    where it is False (-inf for float32/64, the dtype's min for float16/bfloat16)."""
     check_tensor(mask, "mask")
     if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+        raise TypeError(f"mask must be boolean (True = may attend), "
+                        f"got dtype {mask.dtype}")
     if not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
-    blocked = torch.finfo(dtype).min if dtype in (torch.float16, torch.bfloat16) else float("-inf")
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, blocked)
+    half = dtype in (torch.float16, torch.bfloat16)
+    blocked = torch.finfo(dtype).min if half else float("-inf")
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return zeros.masked_fill(~mask, blocked)
 
 
 def to_torch_mask(mask: torch.Tensor) -> torch.Tensor:
-    "Our boolean mask (True = may attend) in the polarity of `torch.nn.MultiheadAttention` (True = blocked)."
+    """Our boolean mask (True = may attend) in the polarity of
+    `torch.nn.MultiheadAttention` (True = blocked)."""
     check_tensor(mask, "mask")
     if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+        raise TypeError(f"mask must be boolean (True = may attend), "
+                        f"got dtype {mask.dtype}")
     return ~mask

@@ -14,17 +14,21 @@ __all__ = ['softmax', 'check_attention_weights', 'mix']
 def softmax(
     scores: torch.Tensor,  # real-valued scores; any shape
     dim: int = -1,  # the dimension that becomes a probability distribution
-) -> torch.Tensor:  # weights: non-negative, summing to 1 along `dim` (0 where every score is -inf)
-    "Numerically stable softmax along `dim`; a slice whose scores are all `-inf` becomes all zeros."
+) -> torch.Tensor:  # weights >= 0, summing to 1 along `dim` (0 if all scores are -inf)
+    ("Numerically stable softmax along `dim`; "
+     "a slice whose scores are all `-inf` becomes all zeros.")
     check_tensor(scores, "scores", floating=True)
     if not -scores.dim() <= dim < max(scores.dim(), 1):
-        raise ValueError(f"dim {dim} is out of range for scores of shape {shape_str(scores)}")
+        raise ValueError(f"dim {dim} is out of range for scores of shape "
+                         f"{shape_str(scores)}")
     x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     top = x.amax(dim=dim, keepdim=True)
-    top = torch.where(torch.isneginf(top), torch.zeros_like(top), top)  # all -inf: avoid -inf - -inf
+    # a slice that is all -inf: use 0 as its top, to avoid -inf - -inf = NaN
+    top = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
     e = torch.exp(x - top)  # every exponent <= 0: no overflow
     total = e.sum(dim=dim, keepdim=True)
-    weights = e / torch.where(total > 0, total, torch.ones_like(total))  # all -inf: 0 / 1 = 0
+    # all -inf: 0 / 1 = 0
+    weights = e / torch.where(total > 0, total, torch.ones_like(total))
     return weights.to(scores.dtype)
 
 # %% ../nbs/01_mixing.ipynb #390cd56d
@@ -32,36 +36,41 @@ def check_attention_weights(
     weights: torch.Tensor,  # (..., T, S) or (S,): one row of weights per query
     atol: float = 1e-4,  # tolerance for the row sums
 ) -> torch.Tensor:
-    "Return `weights` if no entry is negative and every row sums to 1 within `atol`; else raise naming the row."
+    ("Return `weights` if no entry is negative and every row sums to 1 within `atol`; "
+     "else raise naming the row.")
     check_tensor(weights, "weights", min_dim=1, floating=True)
     w = weights.detach()
     if w.isnan().any():
         bad = tuple(torch.nonzero(w.isnan())[0].tolist())
-        raise ValueError(f"attention weights contain NaN, first at index {bad} of shape {shape_str(weights)}")
+        raise ValueError(f"attention weights contain NaN, first at index {bad} "
+                         f"of shape {shape_str(weights)}")
     if (w < 0).any():
         bad = tuple(torch.nonzero(w < 0)[0].tolist())
-        raise ValueError(f"attention weights must be non-negative, but weights{list(bad)} = {float(w[bad]):.4g}")
+        raise ValueError("attention weights must be non-negative, "
+                         f"but weights{list(bad)} = {float(w[bad]):.4g}")
     sums = w.float().sum(-1)
     off = (sums - 1).abs() > atol
     if off.any():
         row = tuple(torch.nonzero(off)[0].tolist())
         where = f"row {list(row)}" if row else "the weights"
-        raise ValueError(f"each row of attention weights must sum to 1 along the last axis, but {where} "
-                         f"sums to {float(sums[row]):.4g} (weights shape {shape_str(weights)})")
+        raise ValueError("each row of attention weights must sum to 1 along the last "
+                         f"axis, but {where} sums to {float(sums[row]):.4g} "
+                         f"(weights shape {shape_str(weights)})")
     return weights
 
 # %% ../nbs/01_mixing.ipynb #caade79b
 def mix(
     weights: torch.Tensor,  # (..., T, S) attention weights, or (S,) for a single query
     values: torch.Tensor,  # (..., S, Dv): one value vector per source token
-    check: bool = True,  # verify the weights are non-negative and sum to 1 (costs a pass over them)
+    check: bool = True,  # verify weights >= 0 and rows sum to 1 (a pass over them)
 ) -> torch.Tensor:  # (..., T, Dv), or (Dv,) for a single query
     "Each query's output is the weighted sum of the value vectors: `O = A @ V`."
     check_tensor(weights, "weights", min_dim=1, floating=True)
     check_tensor(values, "values", min_dim=2, floating=True)
     if weights.shape[-1] != values.shape[-2]:
-        raise ValueError(f"weights {shape_str(weights)} give {weights.shape[-1]} weights per query but values "
-                         f"{shape_str(values)} hold {values.shape[-2]} value vectors; they must match")
+        raise ValueError(f"weights {shape_str(weights)} give {weights.shape[-1]} "
+                         f"weights per query but values {shape_str(values)} hold "
+                         f"{values.shape[-2]} value vectors; they must match")
     if check:
         check_attention_weights(weights)
     return weights @ values  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .core import check_bool_mask, check_positive_int, check_tensor, shape_str
+from .core import (check_bool_mask, check_positive_int, check_tensor,
+                                  shape_str)
 from .embeddings import TokenEmbedding
 from .kv_cache import DecoderCache
 from .layers import Decoder, Encoder, LayerConfig
 from .masks import causal_mask
 from .multihead import default_positions
-from .positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
+from .positions import (LearnedPositions, RotaryEmbedding,
+                                       SinusoidalPositions)
 
 # %% auto #0
 __all__ = ['POSITION_ENCODINGS', 'TextConfig', 'decoder_mask', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',
@@ -43,17 +45,17 @@ class TextConfig(LayerConfig):
 
 
 class _Embed(nn.Module):
-    "Token embeddings plus absolute positions (learned or sinusoidal; none for rotary), then dropout."
+    "Token embeddings + absolute positions (learned, sinusoidal, none), dropout."
 
-    def __init__(self, vocab_size: int, d_model: int, max_len: int, encoding: str, dropout: float,
-                 padding_idx: int | None = None):
+    def __init__(self, vocab_size: int, d_model: int, max_len: int, encoding: str,
+                 dropout: float, padding_idx: int | None = None):
         super().__init__()
-        scaled = encoding == "sinusoidal"  # the 2017 recipe: embeddings * sqrt(C), plus waves
+        scaled = encoding == "sinusoidal"  # 2017: embeddings * sqrt(C) + waves
         self.tok = TokenEmbedding(vocab_size, d_model, padding_idx, scale=scaled,
                                   init_std=d_model ** -0.5 if scaled else 0.02)
         self.pos = {"learned": lambda: LearnedPositions(d_model, max_len),
                     "sinusoidal": lambda: SinusoidalPositions(d_model, max_len),
-                    "rotary": lambda: None}[encoding]()  # rotary acts inside attention instead
+                    "rotary": lambda: None}[encoding]()  # rotary acts inside attention
         self.drop = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -68,8 +70,8 @@ def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int
     if ids.dim() != 2:
         raise ValueError(f"{name} must be (B, T) token ids, got shape {shape_str(ids)}")
     if past + ids.shape[1] > max_len:
-        raise ValueError(f"{past} earlier + {ids.shape[1]} new tokens exceed the model's "
-                         f"max_len {max_len}")
+        raise ValueError(f"{past} earlier + {ids.shape[1]} new tokens exceed the "
+                         f"model's max_len {max_len}")
     return ids.shape
 
 
@@ -82,13 +84,15 @@ def _real_tokens(mask: torch.Tensor, name: str, B: int, S: int) -> torch.Tensor:
     return mask[:, None, None, :]
 
 
-def decoder_mask(B: int, T: int, past: int, attention_mask=None, full_attention_mask=None,
-                 device=None) -> torch.Tensor:
-    """Self-attention mask of T new tokens after `past` cached ones: causal AND `attention_mask`
-    `(B, past + T)` (True = real token), or `full_attention_mask` `(..., T, past + T)` as given."""
+def decoder_mask(B: int, T: int, past: int, attention_mask=None,
+                 full_attention_mask=None, device=None) -> torch.Tensor:
+    """Self-attention mask of T new tokens after `past` cached ones: causal AND
+    `attention_mask` `(B, past + T)` (True = real token), or `full_attention_mask`
+    `(..., T, past + T)` as given."""
     if full_attention_mask is not None:
         if attention_mask is not None:
-            raise ValueError("give attention_mask (real tokens) or full_attention_mask, not both")
+            raise ValueError("give attention_mask (real tokens) or "
+                             "full_attention_mask, not both")
         return check_bool_mask(full_attention_mask, "full_attention_mask")
     mask = causal_mask(T, past + T, device=device)  # (T, past + T)
     if attention_mask is not None:  # (B, 1, T, past + T)
@@ -98,11 +102,11 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None, full_attention_
 # %% ../nbs/11_model.ipynb #b42100d1
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig(TextConfig):
-    "A decoder-only language model; the layer fields (`LayerConfig`) with GPT-2's defaults."
+    "A decoder-only language model: the layer fields (`LayerConfig`), GPT-2's defaults."
     vocab_size: int  # |V|
     n_layers: int = 4  # number of blocks
     activation: str = "gelu"
-    norm_first: bool = True  # pre-norm (GPT-2 onwards); a final norm follows the last block
+    norm_first: bool = True  # pre-norm (GPT-2 onwards); a final norm ends the stack
     tie_weights: bool = True  # the output projection reuses the token embedding matrix
 
     def __post_init__(self):
@@ -119,18 +123,20 @@ class GPT(nn.Module):
         self.config = c = config
         rotary = (RotaryEmbedding(c.head_dim, c.max_len, c.rope_base)
                   if c.position_encoding == "rotary" else None)
-        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len, c.position_encoding, c.dropout)
-        self.decoder = Decoder(c.layer(), c.n_layers, cross_attention=False, rotary=rotary)
+        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len, c.position_encoding,
+                            c.dropout)
+        self.decoder = Decoder(c.layer(), c.n_layers, cross_attention=False,
+                               rotary=rotary)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
             self.head.weight = self.embed.tok.weight
 
     def forward(self,
                 ids: torch.Tensor,  # (B, T) token ids
-                attention_mask: torch.Tensor | None = None,  # (B, past+T) bool, True = real token
-                positions: torch.Tensor | None = None,  # (T,) or (B, T); default: after the cache
+                attention_mask: torch.Tensor | None = None,  # (B, past+T), True = real
+                positions: torch.Tensor | None = None,  # (T,)/(B, T); None: after cache
                 cache: DecoderCache | None = None,  # keys and values of earlier tokens
-                full_attention_mask: torch.Tensor | None = None,  # (..., T, past+T), used as is
+                full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
                 ) -> torch.Tensor:  # (B, T, V) logits
         past = 0 if cache is None else len(cache)
         B, T = _ids(ids, "ids", self.config.max_len, past)
@@ -143,7 +149,8 @@ class GPT(nn.Module):
 
     def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
         "Empty caches for every block, on the model's device and in its dtype."
-        return DecoderCache.for_decoder(self.decoder, batch_size, max_len or self.config.max_len)
+        return DecoderCache.for_decoder(self.decoder, batch_size,
+                                        max_len or self.config.max_len)
 
 # %% ../nbs/11_model.ipynb #b13d9b97
 @dataclass(frozen=True, kw_only=True)
@@ -158,24 +165,26 @@ class TransformerConfig(TextConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers"):
+        for name in ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers",
+                     "n_decoder_layers"):
             check_positive_int(getattr(self, name), name)
         if self.position_encoding == "rotary":
-            raise ValueError("position_encoding must be 'learned' or 'sinusoidal' for the "
-                             "encoder–decoder, got 'rotary'")
+            raise ValueError("position_encoding must be 'learned' or 'sinusoidal' for "
+                             "the encoder–decoder, got 'rotary'")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ValueError(f"pad_id {self.pad_id} is outside the vocabularies")
 
 # %% ../nbs/11_model.ipynb #42a88a50
 class Transformer(nn.Module):
-    "Encoder–decoder: source ids `(B, S)` and target ids `(B, T)` → logits `(B, T, V_tgt)`."
+    "Encoder–decoder: source `(B, S)` and target ids `(B, T)` → logits `(B, T, V_tgt)`."
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = c = config
         embed = lambda vocab: _Embed(vocab, c.d_model, c.max_len, c.position_encoding,
                                      c.dropout, c.pad_id)
-        self.src_embed, self.tgt_embed = embed(c.src_vocab_size), embed(c.tgt_vocab_size)
+        self.src_embed = embed(c.src_vocab_size)
+        self.tgt_embed = embed(c.tgt_vocab_size)
         self.encoder = Encoder(c.layer(), c.n_encoder_layers)
         self.decoder = Decoder(c.layer(), c.n_decoder_layers)
         self.head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
@@ -183,7 +192,7 @@ class Transformer(nn.Module):
             self.head.weight = self.tgt_embed.tok.weight
 
     def encode(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        "Encoder output `(B, S, C)` and the `(B, S)` mask of real source tokens (default: not pad)."
+        "Encoder output `(B, S, C)` and real-token mask `(B, S)` (default: not pad)."
         B, S = _ids(src, "src", self.config.max_len)
         if attention_mask is None:
             attention_mask = src != self.config.pad_id
@@ -193,70 +202,76 @@ class Transformer(nn.Module):
 
     def decode(self,
                tgt: torch.Tensor,  # (B, T) target ids
-               memory: torch.Tensor | None,  # (B, S, C) encoder output; None with a filled cache
-               source_mask: torch.Tensor | None = None,  # (B, S) bool, True = real source token
-               attention_mask: torch.Tensor | None = None,  # (B, past+T) bool, real target tokens
-               positions: torch.Tensor | None = None,  # default: after the cached tokens
-               cache: DecoderCache | None = None,  # from make_cache(..., memory=...)
+               memory: torch.Tensor | None,  # (B, S, C) encoder output; None: cached
+               source_mask: torch.Tensor | None = None,  # (B, S), True = real source
+               attention_mask: torch.Tensor | None = None,  # (B, past+T), real targets
+               positions: torch.Tensor | None = None,  # default: after the cache
+               cache: DecoderCache | None = None,  # from make_cache(memory)
                ) -> torch.Tensor:  # (B, T, V_tgt)
         past = 0 if cache is None else len(cache)
         B, T = _ids(tgt, "tgt", self.config.max_len, past)
         if positions is None:
             positions = default_positions(past, T, tgt.device)
         mask = decoder_mask(B, T, past, attention_mask, device=tgt.device)
-        memory_mask = None  # (B, 1, 1, S); its S is checked against the keys by attention
+        memory_mask = None  # (B, 1, 1, S); attention checks its S against the keys
         if source_mask is not None:
-            memory_mask = _real_tokens(source_mask, "source_mask", B, source_mask.shape[-1])
-        x = self.decoder(self.tgt_embed(tgt, positions), memory, mask, memory_mask, cache=cache)
-        return self.head(x)
+            memory_mask = _real_tokens(source_mask, "source_mask", B,
+                                       source_mask.shape[-1])
+        x = self.tgt_embed(tgt, positions)  # (B, T, C)
+        return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache))
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        "Teacher forcing: logits for every target position given the source and the target prefix."
+        "Teacher forcing: logits for every target position, given source and prefix."
         memory, source_mask = self.encode(src)
         return self.decode(tgt, memory, source_mask)
 
-    def make_cache(self, memory: torch.Tensor, max_len: int | None = None) -> DecoderCache:
-        "Empty self-attention caches, and cross-attention caches filled from `memory` `(B, S, C)`."
+    def make_cache(self, memory: torch.Tensor,
+                   max_len: int | None = None) -> DecoderCache:
+        "Empty self-attention caches; cross-attention caches filled from `memory`."
         check_tensor(memory, "memory", min_dim=3, floating=True)
         cache = DecoderCache.for_decoder(self.decoder, memory.shape[0],
-                                         max_len or self.config.max_len, source_len=memory.shape[1])
+                                         max_len or self.config.max_len,
+                                         source_len=memory.shape[1])
         cache.fill_cross_attention(self.decoder, memory)
         return cache
 
 # %% ../nbs/11_model.ipynb #25681d8f
 @dataclass(frozen=True, kw_only=True)
 class EncoderClassifierConfig(TextConfig):
-    "An encoder-only classifier (BERT-style): bidirectional self-attention, a pooled vector → classes."
+    "Encoder-only classifier (BERT-style): bidirectional attention, pooled → classes."
     vocab_size: int
     n_classes: int
     n_layers: int = 2
     max_len: int = 512
     activation: str = "gelu"
     norm_eps: float = 1e-12  # BERT's
-    pooling: str = "cls"  # cls: a learned [CLS] vector in front, read at the top; mean: average
+    pooling: str = "cls"  # cls: a learned [CLS] vector in front, read at the top; mean
 
     def __post_init__(self):
         super().__post_init__()
         for name in ("vocab_size", "n_classes", "n_layers"):
             check_positive_int(getattr(self, name), name)
         if self.position_encoding == "rotary" or self.pooling not in ("cls", "mean"):
-            raise ValueError(f"position_encoding must be learned or sinusoidal and pooling cls or "
-                             f"mean, got {self.position_encoding!r} and {self.pooling!r}")
+            raise ValueError(f"position_encoding must be learned or sinusoidal and "
+                             f"pooling cls or mean, got {self.position_encoding!r} and "
+                             f"{self.pooling!r}")
 
 
 class EncoderClassifier(nn.Module):
-    "Token ids `(B, T)` → class logits `(B, n_classes)`; every real token attends to every other."
+    "Token ids `(B, T)` → class logits `(B, n_classes)`; real tokens see each other."
 
     def __init__(self, config: EncoderClassifierConfig):
         super().__init__()
         self.config = c = config
-        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len + 1, c.position_encoding, c.dropout,
-                            c.pad_id)
-        self.cls = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pooling == "cls" else None
+        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len + 1, c.position_encoding,
+                            c.dropout, c.pad_id)
+        self.cls = (nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pooling == "cls"
+                    else None)
         self.encoder = Encoder(c.layer(), c.n_layers)
         self.head = nn.Linear(c.d_model, c.n_classes)
 
-    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T = _ids(ids, "ids", self.config.max_len)
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         _real_tokens(keep, "attention_mask", B, T)
@@ -264,16 +279,18 @@ class EncoderClassifier(nn.Module):
         if self.cls is not None:  # a learned [CLS] vector in front: (B, 1 + T, C)
             x = torch.cat([self.cls.expand(B, -1, -1), x], 1)
             keep = torch.cat([keep.new_ones(B, 1), keep], 1)
-        x = self.embed.drop(x + self.embed.pos(default_positions(0, x.shape[1], ids.device)))
+        positions = default_positions(0, x.shape[1], ids.device)
+        x = self.embed.drop(x + self.embed.pos(positions))
         x = self.encoder(x, mask=keep[:, None, None, :])  # padding only, no causal mask
         if self.cls is not None:
             return self.head(x[:, 0])
-        return self.head((x * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1))
+        mean = (x * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1)
+        return self.head(mean)
 
 # %% ../nbs/11_model.ipynb #cb775986
 @dataclass(frozen=True, kw_only=True)
 class ViTConfig(LayerConfig):
-    "A Vision Transformer: an image cut into patches, each patch a token, a [CLS] token for the class."
+    "A Vision Transformer: an image cut into patches, a token per patch, a [CLS] token."
     image_size: int = 28
     patch_size: int = 7
     channels: int = 1
@@ -298,7 +315,7 @@ class ViTConfig(LayerConfig):
 
 
 class VisionTransformer(nn.Module):
-    "Images `(B, channels, H, W)` → class logits `(B, n_classes)`, through patch tokens."
+    "Images `(B, channels, H, W)` → class logits `(B, n_classes)`, via patch tokens."
 
     def __init__(self, config: ViTConfig):
         super().__init__()
@@ -313,10 +330,12 @@ class VisionTransformer(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         c = self.config
         check_tensor(images, "images", floating=True)
-        if images.dim() != 4 or tuple(images.shape[1:]) != (c.channels, c.image_size, c.image_size):
-            raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, {c.image_size}), "
-                             f"got {shape_str(images)}")
-        x = self.patchify(images).flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, N, C)
+        size = (c.channels, c.image_size, c.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != size:
+            raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, "
+                             f"{c.image_size}), got {shape_str(images)}")
+        x = self.patchify(images)  # (B, C, h, w): one C-vector per patch
+        x = x.flatten(2).transpose(1, 2)  # (B, N, C), N = h·w patches
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + N, C)
         x = x + self.pos(default_positions(0, x.shape[1], x.device))
         return self.head(self.encoder(x)[:, 0])  # no mask: every patch sees every patch

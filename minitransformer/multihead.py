@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import attention_with_weights, scaled_dot_product_attention
+from .attention import (attention_with_weights,
+                                       scaled_dot_product_attention)
 from .core import check_dropout, check_positive_int, shape_str
 from .qkv import QKVProjection
 
@@ -15,110 +16,135 @@ __all__ = ['split_heads', 'merge_heads', 'default_positions', 'HeadProjection', 
 
 # %% ../nbs/05_multihead.ipynb #d0e7ced5
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    "`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices, one per head."
+    "`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices."
     *lead, T, C = x.shape
     if C % n_heads:
-        raise ValueError(f"the last dimension of x {shape_str(x)} ({C}) must be divisible by n_heads ({n_heads})")
-    return x.view(*lead, T, n_heads, C // n_heads).transpose(-3, -2)  # (B, T, H, D) -> (B, H, T, D)
+        raise ValueError(f"the last dimension of x {shape_str(x)} ({C}) must be "
+                         f"divisible by n_heads ({n_heads})")
+    x = x.view(*lead, T, n_heads, C // n_heads)  # (B, T, H, D)
+    return x.transpose(-3, -2)  # (B, H, T, D)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    "`(B, H, T, D)` → `(B, T, H·D)`: place the heads' outputs side by side (concatenation, not a sum)."
+    "`(B, H, T, D)` → `(B, T, H·D)`: the heads side by side (concatenated, not summed)."
     *lead, H, T, D = x.shape
     return x.transpose(-3, -2).reshape(*lead, T, H * D)  # (B, T, H, D) -> (B, T, H·D)
 
 # %% ../nbs/05_multihead.ipynb #fd9462d7
 def default_positions(past: int, T: int, device=None) -> torch.Tensor:
-    "Positions `past, ..., past+T-1`: T new tokens after `past` earlier ones (0 without a cache)."
+    "Positions `past, ..., past+T-1` of T new tokens after `past` earlier ones."
     return torch.arange(past, past + T, device=device)
 
-
+# %% ../nbs/05_multihead.ipynb #2d636ecd
 class HeadProjection(nn.Module):
-    """`QKVProjection` split into H heads: queries `(B, H, T, D)`, keys and values `(B, H, S, D)`.
+    """`QKVProjection` cut into H heads: Q `(B, H, T, D)`, K and V `(B, H, S, D)`.
 
-    Coming later: `rotary` rotates self-attention's queries and keys by their `positions`
-    (coming in chapter 7); `cache` keeps self-attention's keys and values across calls, and `context`
-    may be a cache already filled with the context's keys and values (coming in chapter 10)."""
+    `rotary` rotates self-attention's queries and keys by their `positions` (coming in
+    chapter 7); `cache` keeps self-attention's keys and values across calls, and
+    `context` may be a cache already filled with the context's keys and values (coming
+    in chapter 10)."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
                  rotary: nn.Module | None = None, device=None, dtype=None):
         super().__init__()
         check_positive_int(n_heads, "n_heads")
         if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}); try "
-                             f"n_heads in {[h for h in range(1, d_model + 1) if d_model % h == 0]}")
+            divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
+                             f"({n_heads}); try n_heads in {divisors}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         if rotary is not None and getattr(rotary, "head_dim", None) != self.head_dim:
-            raise ValueError(f"rotary embedding is for head_dim {getattr(rotary, 'head_dim', None)}, "
-                             f"but d_model {d_model} / n_heads {n_heads} = {self.head_dim}")
+            raise ValueError(f"rotary embedding is for head_dim "
+                             f"{getattr(rotary, 'head_dim', None)}, but d_model "
+                             f"{d_model} / n_heads {n_heads} = {self.head_dim}")
         self.rotary = rotary
-        self.qkv = QKVProjection(d_model, d_model, bias=bias, device=device, dtype=dtype)
+        self.qkv = QKVProjection(d_model, d_model, bias=bias, device=device,
+                                 dtype=dtype)
 
     def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
         H = self.n_heads
-        if context is not None and not isinstance(context, torch.Tensor):  # a filled cache
-            if cache is not None or positions is not None:
-                raise ValueError("cross-attention over a filled cache (given as `context`) takes no "
-                                 "`cache` and no `positions`")
-            if len(context) == 0:
-                raise ValueError("the cross-attention cache given as `context` is empty; fill it "
-                                 "first with the context's keys and values")
+        _check_project_args(context, positions, cache, self.rotary)
+        if context is not None and not isinstance(context, torch.Tensor):  # a cache
             return (split_heads(self.qkv.queries(x), H), *context.keys_values())
-        if context is not None and (cache is not None or positions is not None):
-            raise ValueError("`cache` and `positions` belong to self-attention; for cross-attention "
-                             "with a cache, pass the filled cache as `context`")
-        if context is not None and self.rotary is not None:
-            raise ValueError("rotary position embeddings apply to self-attention; this module has "
-                             "`rotary` but was given a context (build cross-attention without it)")
         q, k, v = (split_heads(t, H) for t in self.qkv(x, context))  # (B, H, T or S, D)
         if self.rotary is not None:
             if positions is None:
-                positions = default_positions(0 if cache is None else len(cache), x.shape[-2], x.device)
-            angles = positions if isinstance(positions, tuple) else self.rotary.angles(positions)
-            q, k = self.rotary.rotate(q, angles), self.rotary.rotate(k, angles)  # before caching
-        elif positions is not None:
-            raise ValueError("positions were given, but this module has no rotary embedding")
+                past = 0 if cache is None else len(cache)
+                positions = default_positions(past, x.shape[-2], x.device)
+            angles = (positions if isinstance(positions, tuple)
+                      else self.rotary.angles(positions))
+            # rotate before caching: the cache keeps rotated keys
+            q, k = self.rotary.rotate(q, angles), self.rotary.rotate(k, angles)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, H, S_past + T, D)
         return q, k, v
 
-    def context_keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "Keys and values `(B, H, S, D)` of `context`, as cross-attention uses them (to fill a cache)."
-        return tuple(split_heads(t, self.n_heads) for t in self.qkv.keys_values(context))
+    def context_keys_values(self, context: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        "Cross-attention's keys and values `(B, H, S, D)` of `context` (for a cache)."
+        k, v = self.qkv.keys_values(context)
+        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+
+# %% ../nbs/05_multihead.ipynb #74704d67
+def _check_project_args(context, positions, cache, rotary) -> None:
+    "Raise for the argument combinations `HeadProjection.project` does not serve."
+    if context is not None and not isinstance(context, torch.Tensor):  # a filled cache
+        if cache is not None or positions is not None:
+            raise ValueError("cross-attention over a filled cache (given as "
+                             "`context`) takes no `cache` and no `positions`")
+        if len(context) == 0:
+            raise ValueError("the cross-attention cache given as `context` is "
+                             "empty; fill it first with the context's keys and "
+                             "values")
+        return
+    if context is not None and (cache is not None or positions is not None):
+        raise ValueError("`cache` and `positions` belong to self-attention; for "
+                         "cross-attention with a cache, pass the filled cache as "
+                         "`context`")
+    if context is not None and rotary is not None:
+        raise ValueError("rotary position embeddings apply to self-attention; this "
+                         "module has `rotary` but was given a context (build "
+                         "cross-attention without it)")
+    if rotary is None and positions is not None:
+        raise ValueError("positions were given, but this module has no rotary "
+                         "embedding")
 
 # %% ../nbs/05_multihead.ipynb #9f8918f0
 class MultiHeadAttention(HeadProjection):
     """Multi-head attention `(B, T, C) → (B, T, C)`, self- or cross-attention.
 
-    Shapes: B batch, T queries, S keys/values, H heads, D = C/H (`head_dim`). `mask` is boolean,
-    True = may attend, broadcastable to `(B, H, T, S)`; a query with no allowed key outputs zeros
-    before `W_O`. `rotary`, `positions`, `cache` and a cache as `context`: see `HeadProjection`."""
+    Shapes: B batch, T queries, S keys/values, H heads, D = C/H (`head_dim`). `mask` is
+    boolean, True = may attend, broadcastable to `(B, H, T, S)`; a query with no allowed
+    key outputs zeros before `W_O`. `rotary`, `positions`, `cache` and a cache as
+    `context` (coming in chapters 7 and 10): see `HeadProjection`."""
 
     def __init__(self,
                  d_model: int,  # C, the width of token vectors in and out
                  n_heads: int,  # H; must divide d_model
                  bias: bool = True,  # biases in the Q/K/V and output projections
-                 dropout: float = 0.0,  # dropout on the attention weights while training
-                 rotary: nn.Module | None = None,  # rotary embedding for self-attention (coming: ch. 7)
+                 dropout: float = 0.0,  # dropout on the attention weights in training
+                 rotary: nn.Module | None = None,  # rotary embedding (chapter 7)
                  device=None, dtype=None):
         super().__init__(d_model, n_heads, bias, rotary, device, dtype)
         self.dropout = check_dropout(dropout)
-        self.out = nn.Linear(d_model, d_model, bias=bias, device=device, dtype=dtype)  # W_O
+        self.out = nn.Linear(d_model, d_model, bias=bias, device=device,
+                             dtype=dtype)  # W_O
 
     def forward(self,
                 x: torch.Tensor,  # (B, T, C) the tokens that ask
-                context=None,  # (B, S, C) the tokens attended to (x if None), or a filled cache
-                mask: torch.Tensor | None = None,  # bool, True = may attend, to (B, H, T, S)
-                positions=None,  # rotary: (T,) or (B, T) ints, or rotary.angles(...) of them
-                cache=None,  # self-attention's KVCache: earlier keys/values, extended in place
+                context=None,  # (B, S, C) attended to (x if None), or a filled cache
+                mask: torch.Tensor | None = None,  # bool, True = attend; (B, H, T, S)
+                positions=None,  # rotary: (T,) or (B, T) ints, or their angles
+                cache=None,  # KVCache: earlier keys and values, extended in place
                 ) -> torch.Tensor:  # (B, T, C)
         q, k, v = self.project(x, context, positions, cache)
         p = self.dropout if self.training else 0.0
         o = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, D)
         return self.out(merge_heads(o))  # (B, T, C)
 
-    def forward_with_weights(self, x, context=None, mask=None, positions=None, cache=None):
-        "Like `forward`, by the explicit path; also returns each head's weights `(B, H, T, S)`."
+    def forward_with_weights(self, x, context=None, mask=None, positions=None,
+                             cache=None):
+        "Like `forward`, by the explicit path; also returns the weights `(B, H, T, S)`."
         q, k, v = self.project(x, context, positions, cache)
         p = self.dropout if self.training else 0.0
         o, w = attention_with_weights(q, k, v, mask, dropout_p=p)
@@ -126,13 +152,13 @@ class MultiHeadAttention(HeadProjection):
 
     @classmethod
     def from_torch(cls, ref: nn.MultiheadAttention) -> "MultiHeadAttention":
-        "A copy of PyTorch's `nn.MultiheadAttention`, weights and all (same dtype and device)."
+        "A copy of PyTorch's `nn.MultiheadAttention`, weights, dtype, device and all."
         if not isinstance(ref, nn.MultiheadAttention) or not ref._qkv_same_embed_dim:
-            raise TypeError(f"from_torch takes an nn.MultiheadAttention whose keys and values have "
-                            f"its embed_dim, got {type(ref).__name__}")
+            raise TypeError(f"from_torch takes an nn.MultiheadAttention whose keys and "
+                            f"values have its embed_dim, got {type(ref).__name__}")
         w, b = ref.in_proj_weight, ref.in_proj_bias
-        ours = cls(ref.embed_dim, ref.num_heads, bias=b is not None, dropout=ref.dropout,
-                   device=w.device, dtype=w.dtype)
+        ours = cls(ref.embed_dim, ref.num_heads, bias=b is not None,
+                   dropout=ref.dropout, device=w.device, dtype=w.dtype)
         pairs = [(ours.out.weight, ref.out_proj.weight)]
         projs = (ours.qkv.q_proj, ours.qkv.k_proj, ours.qkv.v_proj)
         pairs += [(p.weight, part) for p, part in zip(projs, w.chunk(3))]
@@ -145,5 +171,5 @@ class MultiHeadAttention(HeadProjection):
         return ours.train(ref.training)
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
-                f"dropout={self.dropout}")
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, "
+                f"head_dim={self.head_dim}, dropout={self.dropout}")

@@ -12,34 +12,42 @@ from .core import check_positive_int, check_tensor, shape_str
 __all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'LearnedPositions', 'RotaryEmbedding']
 
 # %% ../nbs/07_positions.ipynb #f692f22c
-def sinusoidal_positions(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    "The original Transformer's position table `(n_positions, d_model)`: sin/cos pairs at frequencies base^(-2i/d_model)."
+def sinusoidal_positions(n_positions: int, d_model: int,
+                         base: float = 10000.0) -> torch.Tensor:
+    """The original Transformer's position table `(n_positions, d_model)`: sin/cos
+    pairs at the frequencies base^(-2i/d_model)."""
     check_positive_int(n_positions, "n_positions")
     check_positive_int(d_model, "d_model")
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
-    freqs = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(C/2),)
+    i2 = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i = 0, 2, 4, ...
+    freqs = base ** (-i2 / d_model)  # (ceil(C/2),)
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * freqs)
-    table[:, 1::2] = torch.cos(pos * freqs)[:, : d_model // 2]  # odd C: the last sine has no cosine
+    table[:, 0::2] = torch.sin(pos * freqs)  # (N, ceil(C/2))
+    table[:, 1::2] = torch.cos(pos * freqs)[:, : d_model // 2]  # odd C: last sine alone
     return table.float()
 
-
+# %% ../nbs/07_positions.ipynb #3c79a7e5
 def _check_positions(positions: torch.Tensor, max_len: int) -> None:
     check_tensor(positions, "positions")
     if positions.is_floating_point() or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        raise TypeError("positions must be an integer tensor, "
+                        f"got dtype {positions.dtype}")
     if positions.numel() and (positions.min() < 0 or positions.max() >= max_len):
-        raise ValueError(f"positions must lie in [0, {max_len}) (max_len={max_len}), got values from "
-                         f"{int(positions.min())} to {int(positions.max())}; build the module with a larger max_len")
+        raise ValueError(f"positions must lie in [0, {max_len}) (max_len={max_len}), "
+                         f"got values from {int(positions.min())} to "
+                         f"{int(positions.max())}; "
+                         "build the module with a larger max_len")
 
 
 class SinusoidalPositions(nn.Module):
-    "Fixed sinusoidal position vectors: `positions (..., T)` → `(..., T, C)`, to be added to token embeddings."
+    """Fixed sinusoidal position vectors: `positions (..., T)` → `(..., T, C)`, to be
+    added to token embeddings."""
 
     def __init__(self, d_model: int, max_len: int = 4096, base: float = 10000.0):
         super().__init__()
         self.d_model, self.max_len, self.base = d_model, max_len, base
-        self.register_buffer("table", sinusoidal_positions(max_len, d_model, base), persistent=False)
+        table = sinusoidal_positions(max_len, d_model, base)  # (max_len, C)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         _check_positions(positions, self.max_len)
@@ -47,14 +55,17 @@ class SinusoidalPositions(nn.Module):
 
 # %% ../nbs/07_positions.ipynb #e0779377
 class LearnedPositions(nn.Module):
-    "A trained table of position vectors: `positions (..., T)` → `(..., T, C)`, for positions below `max_len`."
+    """A trained table of position vectors: `positions (..., T)` → `(..., T, C)`, for
+    positions below `max_len`."""
 
-    def __init__(self, d_model: int, max_len: int, init_std: float = 0.02, device=None, dtype=None):
+    def __init__(self, d_model: int, max_len: int, init_std: float = 0.02,
+                 device=None, dtype=None):
         super().__init__()
         check_positive_int(max_len, "max_len")
         check_positive_int(d_model, "d_model")
         self.d_model, self.max_len = d_model, max_len
-        self.weight = nn.Parameter(torch.randn(max_len, d_model, device=device, dtype=dtype) * init_std)
+        table = torch.randn(max_len, d_model, device=device, dtype=dtype) * init_std
+        self.weight = nn.Parameter(table)  # (max_len, C)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         _check_positions(positions, self.max_len)
@@ -62,55 +73,64 @@ class LearnedPositions(nn.Module):
 
 # %% ../nbs/07_positions.ipynb #71c7a3b9
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding for queries and keys `(..., T, D)`: pair i of the vector at position m
-    is rotated by m·θ_i, θ_i = base^(-2i/D). Pairs are neighbours (`interleaved=True`) or the two halves."""
+    """Rotary position embedding for queries and keys `(..., T, D)`: pair i of the
+    vector at position m is rotated by m·θ_i, θ_i = base^(-2i/D). Pairs are neighbours
+    (`interleaved=True`) or the two halves."""
 
     def __init__(self,
-                 head_dim: int,  # D, the width of one head's queries and keys; must be even
+                 head_dim: int,  # D, the width of one head's queries and keys; even
                  max_len: int = 4096,  # positions 0..max_len-1 are precomputed
                  base: float = 10000.0,  # θ_i = base^(-2i/D)
-                 interleaved: bool = False):  # True: pairs (x0, x1), (x2, x3)...; False: (x_i, x_{i+D/2})
+                 interleaved: bool = False):  # pairs (x0, x1)...; else (x_i, x_{i+D/2})
         super().__init__()
         if head_dim < 2 or head_dim % 2:
-            raise ValueError(f"rotary embeddings rotate pairs of numbers, so head_dim must be even, got {head_dim}")
+            raise ValueError("rotary embeddings rotate pairs of numbers, so head_dim "
+                             f"must be even, got {head_dim}")
         check_positive_int(max_len, "max_len")
-        self.head_dim, self.max_len, self.base, self.interleaved = head_dim, max_len, base, interleaved
-        theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * theta  # (max_len, D/2)
+        self.head_dim, self.max_len = head_dim, max_len
+        self.base, self.interleaved = base, interleaved
+        i2 = torch.arange(0, head_dim, 2, dtype=torch.float64)  # 2i = 0, 2, ..., D-2
+        theta = base ** (-i2 / head_dim)  # (D/2,)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * theta  # (L, D/2)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "cos and sin of every rotation angle, `(T, D/2)` or `(B, T, D/2)`, for `positions`."
-        _check_positions(positions, self.max_len)  # reads the values: once per call of a model
+        "cos and sin of the angles for `positions`: `(T, D/2)` or `(B, T, D/2)`."
+        _check_positions(positions, self.max_len)  # reads values: once per model call
         return self.cos[positions], self.sin[positions]
 
-    def rotate(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        "`x` `(..., T, D)` rotated by `angles` from `self.angles(positions)`; same shape and dtype."
+    def rotate(self, x: torch.Tensor,
+               angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        "`x` `(..., T, D)` rotated by `angles` from `self.angles(positions)`."
         check_tensor(x, "x", min_dim=2, floating=True)
         if x.shape[-1] != self.head_dim:
-            raise ValueError(f"x has head width {x.shape[-1]} (shape {shape_str(x)}) but this rotary "
-                             f"embedding was built for head_dim={self.head_dim}")
+            raise ValueError(f"x has head width {x.shape[-1]} (shape {shape_str(x)}) "
+                             "but this rotary embedding was built for "
+                             f"head_dim={self.head_dim}")
         cos, sin = angles
         if cos.shape[-2] != x.shape[-2]:
-            raise ValueError(f"{cos.shape[-2]} positions for the {x.shape[-2]} vectors in x "
-                             f"{shape_str(x)}: give one position for each")
-        if cos.dim() == 3 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): same for every head
+            raise ValueError(f"{cos.shape[-2]} positions for the {x.shape[-2]} vectors "
+                             f"in x {shape_str(x)}: give one position for each")
+        if cos.dim() == 3 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): all heads
             cos, sin = cos[:, None], sin[:, None]
-        xf = x.float().contiguous()  # q and k arrive as strided views; one copy is cheaper
+        xf = x.float().contiguous()  # q and k arrive as strided views; copy once
         if self.interleaved:
             x1, x2 = xf[..., 0::2], xf[..., 1::2]  # neighbours
-            out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+            out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+            out = out.flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
         else:  # rotate_half: x·[cos, cos] + [x2, x1]·[-sin, sin]
             x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
-            out = xf * torch.cat([cos, cos], -1) + torch.cat([x2, x1], -1) * torch.cat([-sin, sin], -1)
-        return out.to(x.dtype)
+            out = (xf * torch.cat([cos, cos], -1)
+                   + torch.cat([x2, x1], -1) * torch.cat([-sin, sin], -1))
+        return out.to(x.dtype)  # same shape and dtype as x
 
     def forward(self,
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
-                positions: torch.Tensor,  # (T,) or (B, T): the absolute position of each vector
+                positions: torch.Tensor,  # (T,) or (B, T): the position of each vector
                 ) -> torch.Tensor:  # x rotated, same shape and dtype
         return self.rotate(x, self.angles(positions))
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, interleaved={self.interleaved}"
+        return (f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, "
+                f"interleaved={self.interleaved}")

@@ -7,14 +7,15 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from .core import broadcast_shape, check_positive_int, check_tensor, shape_str
+from .core import (
+    broadcast_shape, check_positive_int, check_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['QKVProjection', 'check_qkv']
 
 # %% ../nbs/03_qkv.ipynb #a731405c
 class QKVProjection(nn.Module):
-    "Queries, keys and values: `Q = X W_Q`, `K = C W_K`, `V = C W_V`, context C = X unless given."
+    "Queries, keys, values: `Q = X W_Q`, `K = C W_K`, `V = C W_V`; C = X if no context."
 
     def __init__(self,
                  d_model: int,  # C, the width of the token vectors
@@ -29,38 +30,40 @@ class QKVProjection(nn.Module):
         for name, n in (("d_model", d_model), ("d_q", d_q), ("d_k", d_k), ("d_v", d_v)):
             check_positive_int(n, name)
         self.d_model, self.d_q, self.d_k, self.d_v = d_model, d_q, d_k, d_v
-        device = torch.empty(0).device if device is None else device  # skip_init needs one
-        kw = dict(bias=bias, device=device, dtype=dtype)  # skip_init: reset_parameters draws them
+        device = torch.empty(0).device if device is None else device  # for skip_init
+        kw = dict(bias=bias, device=device, dtype=dtype)  # reset_parameters draws them
         self.q_proj = skip_init(nn.Linear, d_model, d_q, **kw)  # x -> x W_Q
         self.k_proj = skip_init(nn.Linear, d_model, d_k, **kw)  # x -> x W_K
         self.v_proj = skip_init(nn.Linear, d_model, d_v, **kw)  # x -> x W_V
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        "Xavier-uniform over the three stacked, like `nn.MultiheadAttention`'s fused weight."
+        "Xavier-uniform over the three stacked, as `nn.MultiheadAttention` does."
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        w = nn.init.xavier_uniform_(torch.empty_like(torch.cat([p.weight for p in projs])))
+        w = torch.empty_like(torch.cat([p.weight for p in projs]))
+        w = nn.init.xavier_uniform_(w)
         with torch.no_grad():
             for proj, part in zip(projs, w.split([self.d_q, self.d_k, self.d_v])):
                 proj.weight.copy_(part)
                 if proj.bias is not None:
                     proj.bias.zero_()
 
-    # W_Q, W_K, W_V as the text writes them, (d_model, width): views of the Linear weights.
+    # W_Q, W_K, W_V as the text writes them, (d_model, width): views of Linear weights.
     w_q = property(lambda self: self.q_proj.weight.T)
     w_k = property(lambda self: self.k_proj.weight.T)
     w_v = property(lambda self: self.v_proj.weight.T)
 
     def forward(self,
                 x: torch.Tensor,  # (..., T, C): the tokens that ask (queries)
-                context: torch.Tensor | None = None,  # (..., S, C): the tokens that answer; x if None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # Q (..., T, d_q), K, V (..., S, ·)
+                context: torch.Tensor | None = None,  # (..., S, C): answers; x if None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`."
         _check_width(x, "x", self.d_model)
         if context is None:  # self-attention
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if broadcast_shape(x.shape[:-2], context.shape[:-2]) is None:
-            raise ValueError(f"x {shape_str(x)} and context {shape_str(context)} have batch "
-                             "dimensions that do not broadcast")
+            raise ValueError(f"x {shape_str(x)} and context {shape_str(context)} have "
+                             "batch dimensions that do not broadcast")
         return (self.q_proj(x), *self.keys_values(context))
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,8 +79,9 @@ class QKVProjection(nn.Module):
 def _check_width(t: torch.Tensor, name: str, d_model: int) -> torch.Tensor:
     check_tensor(t, name, min_dim=2, floating=True)
     if t.shape[-1] != d_model:
-        raise ValueError(f"{name} has width {t.shape[-1]} (shape {shape_str(t)}) but this projection "
-                         f"expects d_model={d_model} features in the last dimension")
+        raise ValueError(f"{name} has width {t.shape[-1]} (shape {shape_str(t)}) but "
+                         f"this projection expects d_model={d_model} features in the "
+                         "last dimension")
     return t
 
 # %% ../nbs/03_qkv.ipynb #e3f4df11
@@ -85,19 +89,24 @@ def check_qkv(q: torch.Tensor,  # (..., T, D) queries
               k: torch.Tensor,  # (..., S, D) keys
               v: torch.Tensor,  # (..., S, Dv) values
               ) -> None:
-    "Raise unless queries and keys share their width `D`, keys and values their length `S`, and all are alike in dtype and device."
+    """Raise unless queries and keys share their width `D`, keys and values their length
+    `S`, and all are alike in dtype and device."""
     for t, name in ((q, "queries"), (k, "keys"), (v, "values")):
         check_tensor(t, name, min_dim=2, floating=True)
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"queries {shape_str(q)} and keys {shape_str(k)} must have the same width D "
-                         f"(last dimension) for their dot products: {q.shape[-1]} != {k.shape[-1]}")
+        raise ValueError(f"queries {shape_str(q)} and keys {shape_str(k)} must have "
+                         f"the same width D (last dimension) for their dot products: "
+                         f"{q.shape[-1]} != {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"keys {shape_str(k)} and values {shape_str(v)} must have the same length S "
-                         f"(one value per key): {k.shape[-2]} != {v.shape[-2]}")
+        raise ValueError(f"keys {shape_str(k)} and values {shape_str(v)} must have the "
+                         f"same length S (one value per key): "
+                         f"{k.shape[-2]} != {v.shape[-2]}")
     if broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2]) is None:
-        raise ValueError(f"the batch dimensions of queries {shape_str(q)}, keys {shape_str(k)} and values "
-                         f"{shape_str(v)} do not broadcast")
+        raise ValueError(f"the batch dimensions of queries {shape_str(q)}, keys "
+                         f"{shape_str(k)} and values {shape_str(v)} do not broadcast")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"queries, keys and values must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"queries, keys and values must share a dtype, got {q.dtype}, "
+                        f"{k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"queries, keys and values must be on one device, got {q.device}, {k.device}, {v.device}")
+        raise ValueError(f"queries, keys and values must be on one device, got "
+                         f"{q.device}, {k.device}, {v.device}")

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .core import check_probability, shape_str
-from .model import (GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig,
-                                   Transformer, TransformerConfig, ViTConfig, VisionTransformer)
+from .model import (GPT, EncoderClassifier, EncoderClassifierConfig,
+                                   GPTConfig, Transformer, TransformerConfig, ViTConfig,
+                                   VisionTransformer)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'train', 'save_checkpoint',
@@ -28,15 +29,16 @@ SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 
 def learning_rate(progress: float,  # fraction of training done, 0..1 (cosine only)
                   step: int,  # optimizer steps taken so far
-                  lr: float, warmup: int, schedule: str = "cosine", min_ratio: float = 0.1) -> float:
-    "Linear warm-up over `warmup` steps, then cosine decay to `min_ratio`·lr, constant, or inverse_sqrt."
+                  lr: float, warmup: int, schedule: str = "cosine",
+                  min_ratio: float = 0.1) -> float:
+    "Linear warm-up, then cosine decay to `min_ratio`·lr, constant, or ∝ 1/√step."
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if warmup > 0 and step < warmup:
         return lr * (step + 1) / warmup
     if schedule == "constant":
         return lr
-    if schedule == "inverse_sqrt":  # Vaswani et al.: peak at the end of warm-up, then ∝ 1/sqrt(step)
+    if schedule == "inverse_sqrt":  # Vaswani et al.: peak after warm-up, then ∝ 1/√step
         return lr * math.sqrt(max(warmup, 1) / (step + 1))
     p = min(max(progress, 0.0), 1.0)
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
@@ -44,37 +46,42 @@ def learning_rate(progress: float,  # fraction of training done, 0..1 (cosine on
 
 def sequence_loss(logits: torch.Tensor,  # (..., V)
                   targets: torch.Tensor,  # (...) token ids
-                  ignore_id: int | None = None,  # a target id that does not count (padding)
+                  ignore_id: int | None = None,  # a target id that does not count (pad)
                   label_smoothing: float = 0.0) -> torch.Tensor:
     "Mean cross-entropy over every counted target position."
     if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"logits {shape_str(logits)} do not fit targets {shape_str(targets)}: "
-                         "expected logits of shape targets.shape + (V,)")
+        raise ValueError(f"logits {shape_str(logits)} do not fit targets "
+                         f"{shape_str(targets)}: expected logits of shape "
+                         "targets.shape + (V,)")
     ignore = -100 if ignore_id is None else ignore_id
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=ignore,
-                           label_smoothing=label_smoothing)
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(),
+                           ignore_index=ignore, label_smoothing=label_smoothing)
 
 # %% ../nbs/13_training.ipynb #7b6be3d9
 @dataclass
 class TrainLog:
-    "What `train` did: loss and learning rate per step, evaluations, training seconds (no evals)."
+    "What `train` did: loss and rate per step, evaluations, training seconds."
     steps: int = 0
     seconds: float = 0.0
     losses: list = field(default_factory=list)
     lrs: list = field(default_factory=list)
     evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
 
-    def record_step(self, loss: float, rate: float, seconds: float, log_every: int) -> None:
+    def record_step(self, loss: float, rate: float, seconds: float,
+                    log_every: int) -> None:
         self.losses.append(loss)
         self.lrs.append(rate)
         if log_every and len(self.losses) % log_every == 0:
-            print(f"step {len(self.losses):>6}  loss {sum(self.losses[-log_every:]) / log_every:.4f}"
-                  f"  lr {rate:.2e}  {seconds:6.1f} s", flush=True)
+            mean = sum(self.losses[-log_every:]) / log_every
+            print(f"step {len(self.losses):>6}  loss {mean:.4f}  lr {rate:.2e}  "
+                  f"{seconds:6.1f} s", flush=True)
 
-    def record_eval(self, step: int, seconds: float, metrics: dict, verbose: bool) -> None:
+    def record_eval(self, step: int, seconds: float, metrics: dict,
+                    verbose: bool) -> None:
         self.evals.append((step, seconds, metrics))
         if verbose:
-            print(f"  eval @ step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            print(f"  eval @ step {step}: {shown}")
 
 
 class _Clock:
@@ -103,22 +110,22 @@ def _load(params: list, values: list) -> None:
 
 # %% ../nbs/13_training.ipynb #acce972e
 class WeightAverage:
-    "An exponential moving average of `params`, kept in float32 (also for bfloat16 weights)."
+    "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
 
     def __init__(self, params: list, decay: float):
-        self.params, self.decay = params, check_probability(decay, "ema", allow_zero=False,
-                                                            allow_one=False)
+        self.params = params
+        self.decay = check_probability(decay, "ema", allow_zero=False, allow_one=False)
         self.average = [p.detach().float().clone() for p in params]
 
     @torch.no_grad()
     def update(self, step: int) -> None:
-        "After optimizer step `step` (1, 2, ...): move (1 - d) of the way, d = min(decay, (1+t)/(10+t))."
-        d = min(self.decay, (1 + step) / (10 + step))  # early on, forget the random start faster
+        "After step t (1, 2, ...): move 1 - d of the way, d = min(decay, (1+t)/(10+t))."
+        d = min(self.decay, (1 + step) / (10 + step))  # early: forget the start fast
         torch._foreach_lerp_(self.average, [p.float() for p in self.params], 1 - d)
 
     @contextmanager
     def swapped_in(self):
-        "Inside the block the parameters hold the average; the live weights come back after it."
+        "Inside the block the parameters hold the average; after it, the live weights."
         live = [p.detach().clone() for p in self.params]
         _load(self.params, self.average)
         try:
@@ -127,8 +134,9 @@ class WeightAverage:
             _load(self.params, live)
 
 
-def _evaluate(model: nn.Module, eval_fn: Callable, average: WeightAverage | None) -> dict:
-    "`eval_fn`'s metrics in eval mode; with `average`, also those of the averaged weights."
+def _evaluate(model: nn.Module, eval_fn: Callable,
+              average: WeightAverage | None) -> dict:
+    "`eval_fn`'s metrics in eval mode; with `average`, also the averaged weights' ones."
     model.eval()
     metrics = eval_fn(model)
     if average is not None:
@@ -138,33 +146,36 @@ def _evaluate(model: nn.Module, eval_fn: Callable, average: WeightAverage | None
     return metrics
 
 
-def _adamw(params: list, lr: float, betas: tuple, weight_decay: float) -> torch.optim.AdamW:
-    "AdamW with weight decay on matrices only (not on biases, norms' gains or other vectors)."
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+def _adamw(params: list, lr: float, betas: tuple,
+           weight_decay: float) -> torch.optim.AdamW:
+    "AdamW with weight decay on matrices only (not on biases, norm gains, vectors)."
+    groups = [{"params": [p for p in params if p.dim() >= 2],
+               "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
 # %% ../nbs/13_training.ipynb #a7974e38
 def train(model: nn.Module,
           next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
-          loss_fn: Callable[[nn.Module, tuple], torch.Tensor],  # (model, batch) -> scalar loss
+          loss_fn: Callable[[nn.Module, tuple], torch.Tensor],  # (model, batch) -> loss
           steps: int | None = None,  # stop after this many steps ...
-          max_seconds: float | None = None,  # ... or after this much time, whichever comes first
+          max_seconds: float | None = None,  # ... or this much time, whichever is first
           lr: float = 1e-3,
-          warmup: int = 100,  # linear warm-up steps (the paper's remedy for early instability)
-          schedule: str = "cosine",  # over `steps` or `max_seconds`: cosine | constant | inverse_sqrt
+          warmup: int = 100,  # linear warm-up steps (against early instability)
+          schedule: str = "cosine",  # over the budget: cosine | constant | inverse_sqrt
           min_lr_ratio: float = 0.1,  # cosine ends at min_lr_ratio·lr
           weight_decay: float = 0.0,  # AdamW decay, applied to matrices only
           betas: tuple[float, float] = (0.9, 0.98),
           clip: float | None = 1.0,  # clip the gradient norm
-          ema: float | None = None,  # also average the weights with this decay (e.g. 0.998)
+          ema: float | None = None,  # also average the weights with this decay (0.998)
           eval_fn: Callable[[nn.Module], dict] | None = None,  # model -> metrics
-          eval_every: int | None = None,  # evaluate every this many steps, and at the end
+          eval_every: int | None = None,  # evaluate every this many steps + at the end
           log_every: int = 100,  # print progress every this many steps (0: quiet)
           autocast_bf16: bool = False,  # run forward passes under bfloat16 autocast
           ) -> TrainLog:
-    """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient clipping. With
-    `ema`, evaluations also score the averaged weights (`ema …`) and the model ends holding them."""
+    """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient
+    clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
+    model ends holding them."""
     if steps is None and max_seconds is None:
         raise ValueError("give steps, max_seconds or both")
     device = next(model.parameters()).device
@@ -207,14 +218,14 @@ def train(model: nn.Module,
     return log
 
 # %% ../nbs/13_training.ipynb #b46ec690
-FORMAT = "minitransformer-checkpoint-2"  # 2: the 0.1.0 layout (stacks, q/k/v projections)
+FORMAT = "minitransformer-checkpoint-2"  # 2: the 0.1.0 layout (stacks, q/k/v)
 _MODELS = {"GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
            "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
            "VisionTransformer": (VisionTransformer, ViTConfig)}
 
 
 def save_checkpoint(model: nn.Module, path: str | Path) -> None:
-    "Save `model`'s class, config and weights to `path` (a torch file loadable with `weights_only`)."
+    "Save `model`'s class, config and weights to `path` (loadable with `weights_only`)."
     name = type(model).__name__
     if name not in _MODELS:
         raise TypeError(f"save_checkpoint handles {list(_MODELS)}, got {name}")
@@ -222,14 +233,15 @@ def save_checkpoint(model: nn.Module, path: str | Path) -> None:
                 "state_dict": model.state_dict()}, path)
 
 
-def load_checkpoint(path: str | Path, model: nn.Module | None = None, map_location="cpu"):
-    "Load a checkpoint into `model` (checked against its config) or into a new model built from it."
+def load_checkpoint(path: str | Path, model: nn.Module | None = None,
+                    map_location="cpu"):
+    "Load a checkpoint into `model` (checked against its config) or into a new model."
     ckpt = torch.load(path, map_location=map_location, weights_only=True)
     fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
     if fmt == "minitransformer-checkpoint-1":
-        raise ValueError(f"{path} was saved by minitransformer before the 0.1.0 reorganisation "
-                         "(format 1), whose parameter names have changed; it cannot be loaded: "
-                         "train the model again")
+        raise ValueError(f"{path} was saved by minitransformer before the 0.1.0 "
+                         "reorganisation (format 1), whose parameter names have "
+                         "changed; it cannot be loaded: train the model again")
     if fmt != FORMAT:
         raise ValueError(f"{path} is not a minitransformer checkpoint")
     cls, cfg_cls = _MODELS[ckpt["model"]]
@@ -237,16 +249,18 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None, map_locati
         model = cls(cfg_cls(**ckpt["config"]))
     else:
         if type(model).__name__ != ckpt["model"]:
-            raise ValueError(f"the checkpoint holds a {ckpt['model']}, but the model is a "
-                             f"{type(model).__name__}")
+            raise ValueError(f"the checkpoint holds a {ckpt['model']}, but the model "
+                             f"is a {type(model).__name__}")
         ours, theirs = asdict(model.config), ckpt["config"]
-        diff = sorted(k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k))
+        diff = sorted(k for k in ours.keys() | theirs.keys()
+                      if theirs.get(k) != ours.get(k))
         if diff:
-            raise ValueError("the checkpoint's config does not match the model's: " + ", ".join(
-                f"{k}: checkpoint {theirs.get(k)!r} vs model {ours.get(k)!r}" for k in diff))
+            raise ValueError("the checkpoint's config does not match the model's: "
+                             + ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs model "
+                                         f"{ours.get(k)!r}" for k in diff))
     want, got = set(model.state_dict()), set(ckpt["state_dict"])
     if want != got:
-        raise ValueError(f"checkpoint keys do not match the model: missing {sorted(want - got)}, "
-                         f"unexpected {sorted(got - want)}")
+        raise ValueError(f"checkpoint keys do not match the model: missing "
+                         f"{sorted(want - got)}, unexpected {sorted(got - want)}")
     model.load_state_dict(ckpt["state_dict"])
     return model

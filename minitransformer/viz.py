@@ -12,40 +12,47 @@ from .core import check_tensor, shape_str
 # %% auto #0
 __all__ = ['attention_heatmap']
 
-# %% ../nbs/90_viz.ipynb #9d1f6244
+# %% ../nbs/90_viz.ipynb #6ff0cc9c
 def _pyplot():
     "Import matplotlib's pyplot on first use, with an install hint if it is missing."
     try:
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError('plotting needs matplotlib: pip install "minitransformer[plot]"') from e
+        raise ImportError(
+            'plotting needs matplotlib: pip install "minitransformer[plot]"') from e
     return plt
 
-
+# %% ../nbs/90_viz.ipynb #d211ba67
 def attention_heatmap(
-    weights: torch.Tensor,  # (T, S) attention weights: one row per query, one column per key
+    weights: torch.Tensor,  # (T, S) weights: one row per query, one column per key
     query_labels: Sequence[str] | None = None,  # T labels for the rows
     key_labels: Sequence[str] | None = None,  # S labels for the columns
     ax=None,  # a matplotlib Axes to draw on; a new figure when None
     title: str | None = None,  # the plot's title
-    annotate: bool | None = None,  # write each weight in its cell (default: when the matrix is small)
+    annotate: bool | None = None,  # write weights in the cells (default: if T*S <= 100)
 ):
     "Draw a `(T, S)` matrix of attention weights as a heatmap and return the Axes."
     check_tensor(weights, "weights", floating=True)
     if weights.dim() != 2:
-        raise ValueError(f"weights must be 2-D (T, S), got shape {shape_str(weights)}; "
-                         "select one batch element and head first, e.g. weights[0, h]")
+        raise ValueError(
+            f"weights must be 2-D (T, S), got shape {shape_str(weights)}; "
+            "select one batch element and head first, e.g. weights[0, h]")
     T, S = weights.shape
-    for labels, n, what in ((query_labels, T, "query_labels"), (key_labels, S, "key_labels")):
+    for labels, n, what in ((query_labels, T, "query_labels"),
+                            (key_labels, S, "key_labels")):
         if labels is not None and len(labels) != n:
-            raise ValueError(f"{what} has {len(labels)} labels but weights {shape_str(weights)} needs {n}")
+            raise ValueError(f"{what} has {len(labels)} labels but weights "
+                             f"{shape_str(weights)} needs {n}")
     plt = _pyplot()
     w = weights.detach().float().cpu()
+    top = float(w.max())
     if ax is None:
         _, ax = plt.subplots(figsize=(0.55 * S + 2.2, 0.45 * T + 1.2))
-    im = ax.imshow(w.numpy(), cmap="Blues", vmin=0.0, vmax=max(1e-9, float(w.max())), aspect="auto")
+    im = ax.imshow(w.numpy(), cmap="Blues", vmin=0.0, vmax=max(1e-9, top),
+                   aspect="auto")
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xticks(range(S), key_labels if key_labels is not None else range(S), rotation=45, ha="right")
+    xlabels = key_labels if key_labels is not None else range(S)
+    ax.set_xticks(range(S), xlabels, rotation=45, ha="right")
     ax.set_yticks(range(T), query_labels if query_labels is not None else range(T))
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
@@ -54,7 +61,7 @@ def attention_heatmap(
             for j in range(S):
                 v = float(w[i, j])
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
-                        color="white" if v > 0.6 * float(w.max()) else "black")
+                        color="white" if v > 0.6 * top else "black")  # dark cell
     if title:
         ax.set_title(title)
     return ax

@@ -20,7 +20,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if os.environ.get("MT_BROWSER_TESTS") != "1":
     pytest.skip("browser checks run under `make test` (MT_BROWSER_TESTS=1)", allow_module_level=True)
 
-PAGES = [p.stem for p in chapter_notebooks()] + ["intro", "api"]
+PAGES = [p.stem for p in chapter_notebooks()] + ["intro", "api", "further_reading"]
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,11 @@ def _visit(browser, server, name):
         math: document.querySelectorAll('mjx-container').length,
         images: Array.from(document.images).map(i => ({src: i.src, w: i.naturalWidth})),
         widgets: document.querySelectorAll('.jupyter-widgets, .widget-interact, .widget-slider').length,
+        scrolling: Array.from(document.querySelectorAll('.cell_input pre'))
+            .filter(e => e.scrollWidth > e.clientWidth + 1)
+            .map(e => e.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)),
+        no_alt: Array.from(document.querySelectorAll('main img'))
+            .filter(i => !(i.getAttribute('alt') || '').trim()).map(i => i.src),
         links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
         ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
     })""")
@@ -155,3 +160,47 @@ def test_internal_links_resolve(visits, name):
         elif u.fragment and target == page and u.fragment not in visits[name]["ids"]:
             broken.append(href)
     assert not broken, f"broken links on {name}.html: {broken}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_code_scrolls_sideways(visits, name):
+    "At a 1280-px window every code input fits its column (no horizontal scroll bar)."
+    wide = visits[name]["scrolling"]
+    assert not wide, f"{name}.html: {len(wide)} code cells scroll sideways, e.g. {wide[0][:100]!r}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_images_have_alt_text(visits, name):
+    assert not visits[name]["no_alt"], f"{name}.html: images without alt text: {visits[name]['no_alt']}"
+
+
+ANIMATED = [p.stem for p in chapter_notebooks() if "anim-slider" in p.read_text(encoding="utf-8")]
+
+
+def test_some_pages_have_interactive_figures():
+    assert ANIMATED, "no chapter has a static-book interactive figure (a to_jshtml animation)"
+
+
+@pytest.mark.parametrize("name", ANIMATED)
+def test_interactive_figures_respond(browser, server, name):
+    "Moving an animation's slider in the static book (no kernel) changes the picture."
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.route("**/*", lambda r: r.continue_() if urlparse(r.request.url).hostname in ("127.0.0.1", None)
+               else r.abort())
+    page.goto(urljoin(server, f"nbs/{name}.html"), wait_until="load")
+    changed = page.evaluate("""async () => {
+        const out = [];
+        for (const slider of document.querySelectorAll('input.anim-slider')) {
+            const img = slider.closest('.animation').querySelector('img');
+            const before = img.src;
+            slider.value = slider.max;
+            slider.dispatchEvent(new Event('input', {bubbles: true}));
+            await new Promise(r => setTimeout(r, 100));
+            out.push(img.src !== before);
+        }
+        return out;
+    }""")
+    context.close()
+    assert changed, f"{name}.html: no animation slider found in the page"
+    assert all(changed), f"{name}.html: moving the slider did not change the picture: {changed}"

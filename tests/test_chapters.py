@@ -1,0 +1,108 @@
+"""The chapters read like a book: each numbered chapter has its map, a diagram and exercises with folded
+solutions; every figure has alt text; code fits the book's column; checks are called checks."""
+import json
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+import yaml
+
+from conftest import ROOT, chapter_notebooks
+
+COLUMN = 88  # characters of code that fit the book's column at a 1280-px window
+NOTEBOOKS = chapter_notebooks()
+
+
+def _numbered() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    part = next(p for p in toc["parts"] if p.get("numbered"))
+    return [c["file"].removeprefix("nbs/") for c in part["chapters"]]
+
+
+NUMBERED = _numbered()
+IMAGE = re.compile(r"!\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(([^)\s]+)\)")  # alt may hold [brackets]
+
+
+def _cells(stem_or_path):
+    path = stem_or_path if hasattr(stem_or_path, "read_text") else ROOT / "nbs" / f"{stem_or_path}.ipynb"
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _src(cell) -> str:
+    return "".join(cell["source"])
+
+
+def _alt(cell) -> str | None:
+    m = re.search(r"^\s*#\|\s*alt:\s*(.+)$", _src(cell), re.M)
+    return m.group(1).strip() if m else None
+
+
+def test_numbered_chapters_are_the_thirteen():
+    assert len(NUMBERED) == 13 and NUMBERED[0] == "01_mixing", NUMBERED
+
+
+@pytest.mark.parametrize("stem", NUMBERED)
+def test_chapter_has_its_map_and_a_diagram(stem):
+    n = int(stem[:2])
+    md = "\n".join(_src(c) for c in _cells(stem) if c["cell_type"] == "markdown")
+    images = IMAGE.findall(md)
+    assert any(src == f"figures/map-{n:02d}.svg" for _, src in images), f"{stem} lacks its map"
+    diagrams = [src for _, src in images if src.startswith("figures/") and "/map-" not in src]
+    drawn = [c for c in _cells(stem) if (_alt(c) or "").lower().startswith("diagram")]
+    assert diagrams or drawn, f"{stem} has no explanatory diagram besides the map"
+
+
+@pytest.mark.parametrize("stem", NUMBERED)
+def test_chapter_ends_with_exercises_and_folded_solutions(stem):
+    cells = _cells(stem)
+    heads = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+             and re.search(r"^## Exercises\s*$", _src(c), re.M)]
+    assert heads, f"{stem} has no '## Exercises' section"
+    exercises = [i for i, c in enumerate(cells) if i > heads[0] and c["cell_type"] == "markdown"
+                 and _src(c).lstrip().startswith("**Exercise")]
+    assert 3 <= len(exercises) <= 5, f"{stem} has {len(exercises)} exercises (3 to 5 expected)"
+    for i in exercises:
+        nxt = cells[i + 1]
+        folded = ("hide-cell" in nxt["metadata"].get("tags", []) if nxt["cell_type"] == "code"
+                  else ":::{dropdown}" in _src(nxt) or "```{dropdown}" in _src(nxt))
+        assert folded, f"{stem}: exercise {_src(cells[i])[:40]!r} is not followed by a folded solution"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_figure_has_alt_text(nb):
+    for i, c in enumerate(_cells(nb)):
+        if c["cell_type"] == "markdown":
+            for alt, src in IMAGE.findall(_src(c)):
+                assert len(alt.strip()) >= 10, f"{nb.stem} cell {i}: image {src} needs alt text"
+        elif any("image/png" in o.get("data", {}) for o in c.get("outputs", [])):
+            assert _alt(c) and len(_alt(c)) >= 10, f"{nb.stem} cell {i} draws a figure without `#| alt:`"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_code_fits_the_column(nb):
+    long = [(i, line) for i, c in enumerate(_cells(nb)) if c["cell_type"] == "code"
+            for line in _src(c).split("\n")
+            if len(line) > COLUMN and not line.lstrip().startswith("#|")]  # directives: not shown
+    assert not long, f"{nb.stem}: {len(long)} code lines over {COLUMN} characters, e.g. {long[:2]}"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_checks_are_called_checks(nb):
+    md = "\n".join(_src(c) for c in _cells(nb) if c["cell_type"] == "markdown")
+    found = re.findall(r"\b(?:proof|proofs|proves?|proven)\b", md, re.I)
+    assert not found, f"{nb.stem} says {found}: a test on random inputs is a check, not a proof"
+    assert not re.search(r"\bthe seed\b", md, re.I), f"{nb.stem} refers to its source outline"
+
+
+def test_figures_exist_and_are_svg():
+    referenced = set()
+    for nb in NOTEBOOKS:
+        md = "\n".join(_src(c) for c in _cells(nb) if c["cell_type"] == "markdown")
+        referenced |= {src for _, src in IMAGE.findall(md) if src.startswith("figures/")}
+    assert referenced, "no chapter shows a figure from nbs/figures/"
+    for src in sorted(referenced):
+        path = ROOT / "nbs" / src
+        assert path.exists(), f"{src} is referenced but missing"
+        if path.suffix == ".svg":
+            root = ET.parse(path).getroot()
+            assert root.tag.endswith("svg") and root.get("viewBox"), f"{src}: an <svg> with a viewBox"

@@ -7,7 +7,9 @@ On Sphinx's `source-read` event each notebook's JSON is rewritten before myst-nb
 - `show_doc(...)` cells keep only their rendered output, without the `---` rule that nbdev puts
   first (a transition inside an output breaks docutils);
 - `#| alt: TEXT` becomes the alt text of the images the cell outputs (myst-nb's `mystnb.image.alt`);
-- the chapter's Colab install cell (it runs only in Colab) is removed from the page.
+- the chapter's Colab install cell (it runs only in Colab) is removed from the page;
+- a matplotlib `to_jshtml` animation gets the cell's alt text on its frame image, and loses its link
+  to Font Awesome on a CDN (the theme serves Font Awesome itself).
 Cell tags such as `nbval-ignore-output` are metadata: myst-nb does not print them.
 
 It also mends two things the browser check caught in the themes' output: a script that sphinx-thebe adds twice
@@ -23,6 +25,7 @@ from pathlib import Path
 DIRECTIVE = re.compile(r"^\s*#\|\s*(.*?)\s*$")
 REMOVE_CELL = {"hide", "default_exp", "include: false"}
 ALT = re.compile(r"^alt:\s*(.+)$")
+FONT_AWESOME_LINK = re.compile(r"<link[^>]*font-awesome[^>]*>")
 COLAB_INSTALL = '"google.colab" in sys.modules'
 SHOW_DOC = re.compile(r"^\s*show_doc\(.*\)\s*;?\s*$")
 
@@ -70,6 +73,11 @@ def clean_cell(cell: dict) -> None:
                 html = html if isinstance(html, str) else "".join(html)
                 alt = alts[0].replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
                 out["data"]["text/html"] = html.replace('<img id="_anim_img', f'<img alt="{alt}" id="_anim_img')
+    for out in cell.get("outputs", []):  # to_jshtml links Font Awesome from a CDN; the theme has it
+        html = out.get("data", {}).get("text/html")
+        if html is not None:
+            html = html if isinstance(html, str) else "".join(html)
+            out["data"]["text/html"] = FONT_AWESOME_LINK.sub("", html)
     if COLAB_INSTALL in "\n".join(code) and "pip" in "\n".join(code):
         _add_tag(cell, "remove-cell")  # the Colab install cell: it does nothing outside Colab
     while code and not code[0].strip():
@@ -122,4 +130,5 @@ def setup(app):
     app.connect("builder-inited", _add_static)
     app.connect("html-page-context", _dedupe_scripts)
     app.add_js_file("widgets-offline.js", priority=100)  # before RequireJS, MathJax and the widget manager
+    app.add_css_file("book.css")  # code inputs fit the column (88 characters at 1280 px)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -78,8 +78,9 @@ def _visit(browser, server, name):
         scrolling: Array.from(document.querySelectorAll('.cell_input pre'))
             .filter(e => e.scrollWidth > e.clientWidth + 1)
             .map(e => e.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)),
-        no_alt: Array.from(document.querySelectorAll('main img'))
-            .filter(i => !(i.getAttribute('alt') || '').trim()).map(i => i.src),
+        no_alt: Array.from(document.querySelectorAll('main img'))  // a live widget's saved output excepted
+            .filter(i => !i.closest('.jupyter-widgets, .widget-output'))
+            .filter(i => !(i.getAttribute('alt') || '').trim()).map(i => i.src.slice(0, 80)),
         links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
         ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
     })""")

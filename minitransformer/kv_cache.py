@@ -52,6 +52,10 @@ class KVCache:
             if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H, D):
                 raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache "
                                  f"of (B, H, max_len, D) = {shape_str(self.k)}")
+        if (k.dtype, k.device, v.dtype, v.device) != (self.k.dtype, self.k.device) * 2:
+            raise ValueError(f"k ({k.dtype}, {k.device}) and v ({v.dtype}, {v.device})"
+                             f" do not match the cache ({self.k.dtype}, "
+                             f"{self.k.device})")
         T = k.shape[2]
         if v.shape[2] != T:
             raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the "
@@ -64,6 +68,12 @@ class KVCache:
         self.v[:, :, self.length : self.length + T] = v
         self.length += T
         return self.keys_values()  # (B, H, len, D) each
+
+    def truncate(self, length: int) -> None:
+        "Forget every position from `length` on (the buffers are kept)."
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length must be in [0, {self.length}], got {length}")
+        self.length = length
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         "The stored keys and values, views `(B, H, len, D)`."
@@ -125,7 +135,9 @@ class DecoderCache:
     def __len__(self) -> int:
         "Tokens processed so far (every layer's self-attention cache holds as many)."
         lengths = {len(c) for c in self.self_attn}
-        assert len(lengths) == 1, f"layer caches disagree on length: {sorted(lengths)}"
+        if len(lengths) != 1:
+            raise RuntimeError(f"the layers' caches disagree on their length: "
+                               f"{sorted(lengths)}; reset() the cache")
         return lengths.pop()
 
     @property

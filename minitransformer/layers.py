@@ -166,8 +166,8 @@ class DecoderLayer(_Sublayers):
                 mask: torch.Tensor | None = None,  # bool, causal (+ target padding)
                 memory_mask: torch.Tensor | None = None,  # bool, (B, 1, 1, S) padding
                 positions=None,  # rotary positions of the T tokens
-                self_cache=None,  # KVCache of this layer's self-attention
-                cross_cache=None,  # KVCache of its cross-attention, filled from memory
+                self_cache=None,  # self-attention's KVCache (coming in chapter 10)
+                cross_cache=None,  # cross-attention's, filled once from memory
                 ) -> torch.Tensor:
         self._check_x(x)
         if self.cross_attn is None and (memory is not None or cross_cache is not None):
@@ -249,6 +249,15 @@ class Decoder(nn.Module):
                                  "first with the encoder output's keys and values "
                                  "(fill_cross_attention)")
             cross_caches = cache.cross_attn
-        for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
-            x = layer(x, memory, mask, memory_mask, angles, sc, cc)
+        n = len(self.layers)
+        if len(self_caches) != n or len(cross_caches) != n:
+            raise ValueError(f"the cache has {len(self_caches)} layers' caches for a "
+                             f"stack of {len(self.layers)} layers")
+        try:
+            for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
+                x = layer(x, memory, mask, memory_mask, angles, sc, cc)
+        except Exception:  # an error leaves every layer's cache as it was before
+            for c in self_caches if cache is not None else []:
+                c.truncate(past)
+            raise
         return self.norm(x)

@@ -93,7 +93,14 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
         if attention_mask is not None:
             raise ValueError("give attention_mask (real tokens) or "
                              "full_attention_mask, not both")
-        return check_bool_mask(full_attention_mask, "full_attention_mask")
+        check_bool_mask(full_attention_mask, "full_attention_mask")
+        want = (B, 1, T, past + T)  # (B, H, T, S) or anything that broadcasts to it
+        shape = full_attention_mask.shape
+        if (shape[-2:] != want[-2:] or full_attention_mask.dim() > 4
+                or (full_attention_mask.dim() == 4 and shape[0] not in (1, B))):
+            raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
+                             f"B={B}, T={T}, S={past + T}, got {tuple(shape)}")
+        return full_attention_mask
     mask = causal_mask(T, past + T, device=device)  # (T, past + T)
     if attention_mask is not None:  # (B, 1, T, past + T)
         mask = mask & _real_tokens(attention_mask, "attention_mask", B, past + T)
@@ -135,6 +142,7 @@ class GPT(nn.Module):
                 ids: torch.Tensor,  # (B, T) token ids
                 attention_mask: torch.Tensor | None = None,  # (B, past+T), True = real
                 positions: torch.Tensor | None = None,  # (T,)/(B, T); None: after cache
+                # (left padding: pass positions counted from each row's first token)
                 cache: DecoderCache | None = None,  # keys and values of earlier tokens
                 full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
                 ) -> torch.Tensor:  # (B, T, V) logits

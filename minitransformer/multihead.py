@@ -123,7 +123,7 @@ class MultiHeadAttention(HeadProjection):
                  n_heads: int,  # H; must divide d_model
                  bias: bool = True,  # biases in the Q/K/V and output projections
                  dropout: float = 0.0,  # dropout on the attention weights in training
-                 rotary: nn.Module | None = None,  # rotary embedding (chapter 7)
+                 rotary: nn.Module | None = None,  # rotary (coming in chapter 7)
                  device=None, dtype=None):
         super().__init__(d_model, n_heads, bias, rotary, device, dtype)
         self.dropout = check_dropout(dropout)
@@ -135,7 +135,7 @@ class MultiHeadAttention(HeadProjection):
                 context=None,  # (B, S, C) attended to (x if None), or a filled cache
                 mask: torch.Tensor | None = None,  # bool, True = attend; (B, H, T, S)
                 positions=None,  # rotary: (T,) or (B, T) ints, or their angles
-                cache=None,  # KVCache: earlier keys and values, extended in place
+                cache=None,  # a KVCache (coming in chapter 10), extended in place
                 ) -> torch.Tensor:  # (B, T, C)
         q, k, v = self.project(x, context, positions, cache)
         p = self.dropout if self.training else 0.0
@@ -152,10 +152,13 @@ class MultiHeadAttention(HeadProjection):
 
     @classmethod
     def from_torch(cls, ref: nn.MultiheadAttention) -> "MultiHeadAttention":
-        "A copy of PyTorch's `nn.MultiheadAttention`, weights, dtype, device and all."
+        "A copy of `nn.MultiheadAttention`'s weights (ours is always batch-first)."
         if not isinstance(ref, nn.MultiheadAttention) or not ref._qkv_same_embed_dim:
             raise TypeError(f"from_torch takes an nn.MultiheadAttention whose keys and "
                             f"values have its embed_dim, got {type(ref).__name__}")
+        if ref.bias_k is not None or ref.add_zero_attn:
+            raise ValueError("from_torch cannot copy add_bias_kv or add_zero_attn: "
+                             "this module has no extra key/value rows")
         w, b = ref.in_proj_weight, ref.in_proj_bias
         ours = cls(ref.embed_dim, ref.num_heads, bias=b is not None,
                    dropout=ref.dropout, device=w.device, dtype=w.dtype)

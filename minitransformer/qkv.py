@@ -15,7 +15,7 @@ __all__ = ['QKVProjection', 'check_qkv']
 
 # %% ../nbs/03_qkv.ipynb #a731405c
 class QKVProjection(nn.Module):
-    "Queries, keys, values: `Q = X W_Q`, `K = C W_K`, `V = C W_V`; C = X if no context."
+    "Queries, keys, values: `Q = X W_Q`, `K = Y W_K`, `V = Y W_V` (context Y = X)."
 
     def __init__(self,
                  d_model: int,  # C, the width of the token vectors

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import check_probability, shape_str
+from .core import check_positive_int, check_probability, shape_str
 from .model import (GPT, EncoderClassifier, EncoderClassifierConfig,
                                    GPTConfig, Transformer, TransformerConfig, ViTConfig,
                                    VisionTransformer)
@@ -112,9 +112,9 @@ def _load(params: list, values: list) -> None:
 class WeightAverage:
     "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
 
-    def __init__(self, params: list, decay: float):
+    def __init__(self, params: list, decay: float, name: str = "decay"):
         self.params = params
-        self.decay = check_probability(decay, "ema", allow_zero=False, allow_one=False)
+        self.decay = check_probability(decay, name, allow_zero=False, allow_one=False)
         self.average = [p.detach().float().clone() for p in params]
 
     @torch.no_grad()
@@ -178,10 +178,14 @@ def train(model: nn.Module,
     model ends holding them."""
     if steps is None and max_seconds is None:
         raise ValueError("give steps, max_seconds or both")
+    if steps is not None:
+        check_positive_int(steps, "steps")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _adamw(params, lr, betas, weight_decay)
-    average = None if ema is None else WeightAverage(params, ema)
+    average = None if ema is None else WeightAverage(params, ema, "ema")
     log, clock = TrainLog(), _Clock()  # training time: evaluations do not count
 
     def evaluate(step: int) -> None:

@@ -180,3 +180,45 @@ def test_positions_are_checked_once_per_model_call(monkeypatch, encoding):
     with torch.no_grad():
         model(torch.randint(4, 37, (2, 9), device=DEVICE))
     assert len(calls) == 1, f"{len(calls)} checks of the position values in one call"
+
+
+def test_a_failed_call_leaves_the_cache_as_it_was():
+    "An error in a later layer (here a mask of the wrong shape) rolls every layer's cache back."
+    model = gpt(40)
+    cache = model.make_cache(2, 40)
+    ids = torch.randint(4, 37, (2, 5), device=DEVICE)
+    with torch.no_grad():
+        model(ids, cache=cache)
+        bad = torch.ones(2, 1, 1, 3, dtype=torch.bool, device=DEVICE)  # S should be 6
+        with pytest.raises(ValueError, match="full_attention_mask must broadcast"):
+            model(ids[:, :1], cache=cache, full_attention_mask=bad)
+        attn = model.decoder.layers[-1].self_attn
+        original = attn.forward
+        attn.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))  # last layer
+        with pytest.raises(RuntimeError, match="boom"):
+            model(ids[:, :1], cache=cache)
+        attn.forward = original
+        assert len(cache) == 5 and {len(c) for c in cache.self_attn} == {5}
+        step = model(ids[:, :1], cache=cache)[:, -1]  # still usable, and still exact
+        full = model(torch.cat([ids, ids[:, :1]], 1))[:, -1]
+    assert (step - full).abs().max() <= 1e-5
+
+
+def test_cache_must_fit_the_stack():
+    model = gpt(41)
+    small = DecoderCache.allocate(2, 1, 3, 20, 10, device=DEVICE)  # the model has 3 layers
+    with pytest.raises(ValueError, match="2 layers' caches for a stack of 3 layers"):
+        model(torch.randint(4, 37, (1, 4), device=DEVICE), cache=small)
+    other = DecoderCache.allocate(3, 1, 3, 20, 10, device=DEVICE, dtype=torch.float64)
+    with pytest.raises(ValueError, match="do not match the cache"):
+        model(torch.randint(4, 37, (1, 4), device=DEVICE), cache=other)
+    assert len(other) == 0
+
+
+def test_from_torch_refuses_what_it_cannot_copy():
+    from torch import nn
+    from minitransformer.multihead import MultiHeadAttention
+    with pytest.raises(ValueError, match="add_bias_kv or add_zero_attn"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, add_bias_kv=True))
+    with pytest.raises(TypeError, match="from_torch takes an nn.MultiheadAttention"):
+        MultiHeadAttention.from_torch(nn.Linear(8, 8))

@@ -63,3 +63,13 @@ def test_rejects_a_decay_outside_0_1():
         message = re.escape(f"ema must be a number in (0, 1), got {bad}")
         with pytest.raises(ValueError, match=message):
             train(_model(), lambda step: (xs, ys), lambda m, b: F.mse_loss(m(b[0]), b[1]), steps=1, ema=bad)
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(steps=0), "steps must be a positive int"),
+                                    (dict(steps=-3), "steps must be a positive int"),
+                                    (dict(max_seconds=0), "max_seconds must be positive"),
+                                    (dict(max_seconds=-1.0), "max_seconds must be positive")])
+def test_train_refuses_budgets_that_never_end(kw, msg):
+    lin = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match=msg):
+        train(lin, lambda s: None, lambda m, b: m.weight.sum(), **kw)

@@ -47,19 +47,8 @@ class KVCache:
     def update(self, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Append `k`, `v` of shape `(B, H, T, D)`; return every stored key and value."
-        B, H, _, D = self.k.shape
-        for t, name in ((k, "k"), (v, "v")):
-            if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H, D):
-                raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache "
-                                 f"of (B, H, max_len, D) = {shape_str(self.k)}")
-        if (k.dtype, k.device, v.dtype, v.device) != (self.k.dtype, self.k.device) * 2:
-            raise ValueError(f"k ({k.dtype}, {k.device}) and v ({v.dtype}, {v.device})"
-                             f" do not match the cache ({self.k.dtype}, "
-                             f"{self.k.device})")
+        _check_entries(self.k, k, v)  # shapes, dtypes and devices fit the buffers
         T = k.shape[2]
-        if v.shape[2] != T:
-            raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the "
-                             "same number of positions")
         if self.length + T > self.max_len:
             raise ValueError(f"KV cache overflow: {self.length} positions cached + {T} "
                              f"new > max_len {self.max_len}; allocate a longer cache")
@@ -86,6 +75,21 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(length={self.length}, shape={shape_str(self.k)}, "
                 f"dtype={self.k.dtype}, device={self.k.device})")
+
+# %% ../nbs/10_kv_cache.ipynb #76b0c7b4
+def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    "Raise unless new keys `k` and values `v` `(B, H, T, D)` fit a cache `buffer`."
+    B, H, _, D = buffer.shape
+    for t, name in ((k, "k"), (v, "v")):
+        if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H, D):
+            raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache "
+                             f"of (B, H, max_len, D) = {shape_str(buffer)}")
+    if (k.dtype, k.device, v.dtype, v.device) != (buffer.dtype, buffer.device) * 2:
+        raise ValueError(f"k ({k.dtype}, {k.device}) and v ({v.dtype}, {v.device})"
+                         f" do not match the cache ({buffer.dtype}, {buffer.device})")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the "
+                         "same number of positions")
 
 # %% ../nbs/10_kv_cache.ipynb #3f958e4a
 @dataclass

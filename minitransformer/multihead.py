@@ -159,20 +159,25 @@ class MultiHeadAttention(HeadProjection):
         if ref.bias_k is not None or ref.add_zero_attn:
             raise ValueError("from_torch cannot copy add_bias_kv or add_zero_attn: "
                              "this module has no extra key/value rows")
-        w, b = ref.in_proj_weight, ref.in_proj_bias
-        ours = cls(ref.embed_dim, ref.num_heads, bias=b is not None,
+        w = ref.in_proj_weight
+        ours = cls(ref.embed_dim, ref.num_heads, bias=ref.in_proj_bias is not None,
                    dropout=ref.dropout, device=w.device, dtype=w.dtype)
-        pairs = [(ours.out.weight, ref.out_proj.weight)]
-        projs = (ours.qkv.q_proj, ours.qkv.k_proj, ours.qkv.v_proj)
-        pairs += [(p.weight, part) for p, part in zip(projs, w.chunk(3))]
-        if b is not None:
-            pairs += [(p.bias, part) for p, part in zip(projs, b.chunk(3))]
-            pairs += [(ours.out.bias, ref.out_proj.bias)]
-        with torch.no_grad():
-            for mine, theirs in pairs:
-                mine.copy_(theirs)
+        _copy_torch_weights(ours, ref)
         return ours.train(ref.training)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, "
                 f"head_dim={self.head_dim}, dropout={self.dropout}")
+
+# %% ../nbs/05_multihead.ipynb #a77fbaa5
+@torch.no_grad()
+def _copy_torch_weights(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
+    "Cut `in_proj_weight` (rows W_Qᵀ; W_Kᵀ; W_Vᵀ) into our three projections; copy W_O."
+    projs = (ours.qkv.q_proj, ours.qkv.k_proj, ours.qkv.v_proj)
+    pairs = [(ours.out.weight, ref.out_proj.weight)]
+    pairs += [(p.weight, part) for p, part in zip(projs, ref.in_proj_weight.chunk(3))]
+    if ref.in_proj_bias is not None:
+        pairs += [(p.bias, part) for p, part in zip(projs, ref.in_proj_bias.chunk(3))]
+        pairs += [(ours.out.bias, ref.out_proj.bias)]
+    for mine, theirs in pairs:
+        mine.copy_(theirs)

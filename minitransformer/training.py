@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import check_positive_int, check_probability, shape_str
+from .core import check_probability, shape_str
 from .model import (GPT, EncoderClassifier, EncoderClassifierConfig,
                                    GPTConfig, Transformer, TransformerConfig, ViTConfig,
                                    VisionTransformer)
@@ -154,6 +154,18 @@ def _adamw(params: list, lr: float, betas: tuple,
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
+
+def _empty_budget(steps: int | None, max_seconds: float | None) -> bool:
+    "Check `train`'s budget; True when it allows no step at all (steps or seconds 0)."
+    if steps is None and max_seconds is None:
+        raise ValueError("give steps, max_seconds or both")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or steps < 0):
+        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    if max_seconds is not None and not max_seconds >= 0:  # NaN fails too
+        raise ValueError(f"max_seconds must be >= 0, got {max_seconds}")
+    return steps == 0 or max_seconds == 0
+
 # %% ../nbs/13_training.ipynb #a7974e38
 def train(model: nn.Module,
           next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
@@ -176,12 +188,8 @@ def train(model: nn.Module,
     """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient
     clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
     model ends holding them."""
-    if steps is None and max_seconds is None:
-        raise ValueError("give steps, max_seconds or both")
-    if steps is not None:
-        check_positive_int(steps, "steps")
-    if max_seconds is not None and not max_seconds > 0:
-        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+    if _empty_budget(steps, max_seconds):
+        return TrainLog()  # nothing to do
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _adamw(params, lr, betas, weight_decay)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from .core import check_dropout, check_positive_int
-from .core import check_tensor, shape_str
+from .core import (
+    check_dropout, check_positive_int, check_tensor, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, default_positions
 

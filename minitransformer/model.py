@@ -8,15 +8,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .core import (check_bool_mask, check_positive_int, check_tensor,
-                                  shape_str)
+from .core import (
+    check_bool_mask, check_positive_int, check_tensor, shape_str)
 from .embeddings import TokenEmbedding
 from .kv_cache import DecoderCache
 from .layers import Decoder, Encoder, LayerConfig
 from .masks import causal_mask
 from .multihead import default_positions
-from .positions import (LearnedPositions, RotaryEmbedding,
-                                       SinusoidalPositions)
+from .positions import (
+    LearnedPositions, RotaryEmbedding, SinusoidalPositions)
 
 # %% auto #0
 __all__ = ['POSITION_ENCODINGS', 'TextConfig', 'decoder_mask', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',
@@ -53,9 +53,11 @@ class _Embed(nn.Module):
         scaled = encoding == "sinusoidal"  # 2017: embeddings * sqrt(C) + waves
         self.tok = TokenEmbedding(vocab_size, d_model, padding_idx, scale=scaled,
                                   init_std=d_model ** -0.5 if scaled else 0.02)
-        self.pos = {"learned": lambda: LearnedPositions(d_model, max_len),
-                    "sinusoidal": lambda: SinusoidalPositions(d_model, max_len),
-                    "rotary": lambda: None}[encoding]()  # rotary acts inside attention
+        self.pos = None  # rotary: positions act inside attention instead
+        if encoding == "learned":
+            self.pos = LearnedPositions(d_model, max_len)
+        elif encoding == "sinusoidal":
+            self.pos = SinusoidalPositions(d_model, max_len)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import (attention_with_weights,
-                                       scaled_dot_product_attention)
+from .attention import (
+    attention_with_weights, scaled_dot_product_attention)
 from .core import check_dropout, check_positive_int, shape_str
 from .qkv import QKVProjection
 

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .core import check_probability, shape_str
-from .model import (GPT, EncoderClassifier, EncoderClassifierConfig,
-                                   GPTConfig, Transformer, TransformerConfig, ViTConfig,
-                                   VisionTransformer)
+from .model import (
+    GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig, Transformer,
+    TransformerConfig, ViTConfig, VisionTransformer)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'train', 'save_checkpoint',

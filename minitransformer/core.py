@@ -3,13 +3,15 @@
 # %% ../nbs/00_core.ipynb #a2fc5062
 from __future__ import annotations
 
+import math
+import numbers
 import random
 
 import torch
 
 # %% auto #0
-__all__ = ['default_device', 'seed_everything', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_positive_int',
-           'check_probability', 'check_dropout', 'check_bool_mask']
+__all__ = ['default_device', 'seed_everything', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int',
+           'check_number', 'check_probability', 'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask']
 
 # %% ../nbs/00_core.ipynb #cb507d07
 def default_device() -> torch.device:
@@ -70,28 +72,69 @@ def broadcast_shape(*shapes) -> tuple[int, ...] | None:
     return tuple(reversed(out))
 
 # %% ../nbs/00_core.ipynb #aaf25655
+def _need(low, high, low_open: bool, high_open: bool) -> str:
+    "The allowed range in words: 'in [0, 1)', '> 0', '>= 1'."
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low}"
+    return "" if high is None else f"{'<' if high_open else '<='} {high}"
+
+
+def check_int(value, name: str, *, minimum: int | None = None) -> int:
+    "`value` as a plain int if it is an integer ≥ `minimum` (not a bool); else raise."
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not ok or (minimum is not None and value < minimum):
+        need = ("a positive int" if minimum == 1 else
+                f"an int {_need(minimum, None, False, False)}".rstrip())
+        raise ValueError(f"{name} must be {need}, got {value!r}")
+    return int(value)  # numpy and torch integers become plain ints
+
+
 def check_positive_int(value, name: str) -> int:
-    "Return `value` if it is an int ≥ 1 (not a bool); else raise naming `name`."
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    "`value` as a plain int if it is an int ≥ 1 (not a bool); else raise naming `name`."
+    return check_int(value, name, minimum=1)
+
+
+def check_number(value, name: str, *, low: float | None = None,
+                 high: float | None = None, low_open: bool = False,
+                 high_open: bool = False) -> float:
+    "`value` as a plain float if it is a finite real number in range; else raise."
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value))
+    ok = ok and (low is None or value > low or (not low_open and value == low))
+    ok = ok and (high is None or value < high or (not high_open and value == high))
+    if not ok:  # NaN and ±inf are never accepted
+        need = _need(low, high, low_open, high_open)
+        kind = "a number" if low is not None and high is not None else "a finite number"
+        raise ValueError(f"{name} must be {kind} {need}".rstrip() + f", got {value!r}")
+    return float(value)
 
 
 def check_probability(value, name: str, *, allow_zero: bool = True,
                       allow_one: bool = True) -> float:
     "`value` as a float if it is in [0, 1] (ends excluded if asked); else raise."
-    lo, hi = "[" if allow_zero else "(", "]" if allow_one else ")"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (0 < value or (allow_zero and value == 0))
-    ok = ok and (value < 1 or (allow_one and value == 1))
-    if not ok:  # NaN fails every comparison above
-        raise ValueError(f"{name} must be a number in {lo}0, 1{hi}, got {value!r}")
-    return float(value)
+    return check_number(value, name, low=0, high=1, low_open=not allow_zero,
+                        high_open=not allow_one)
 
 
 def check_dropout(p, name: str = "dropout") -> float:
     "A dropout probability: a number in [0, 1)."
     return check_probability(p, name, allow_one=False)
+
+
+def check_choice(value, name: str, choices: tuple) -> str:
+    "`value` if it is one of the strings `choices`; else raise naming `name`."
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def check_flag(value, name: str) -> bool:
+    "`value` if it is a bool (not 0 or 1, which usually mean a count); else raise."
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def check_bool_mask(mask, name: str = "mask") -> torch.Tensor:

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from .core import (
-    check_dropout, check_positive_int, check_tensor, shape_str)
+    check_choice, check_dropout, check_flag, check_number, check_positive_int,
+    check_tensor, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, default_positions
 
@@ -62,22 +63,25 @@ class LayerConfig:
     dropout: float = 0.0  # on sublayer outputs, attention weights, FFN hidden units
 
     def __post_init__(self):
-        check_positive_int(self.d_model, "d_model")
-        check_positive_int(self.n_heads, "n_heads")
+        "Check every field once, and store each as a plain Python value."
+        self._check("d_model", check_positive_int)
+        self._check("n_heads", check_positive_int)
         if self.d_ff is None:  # resolved once, so the stored config says what was built
             object.__setattr__(self, "d_ff", 4 * self.d_model)
-        check_positive_int(self.d_ff, "d_ff")
+        self._check("d_ff", check_positive_int)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by "
                              f"n_heads ({self.n_heads})")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, "
-                             f"got {self.activation!r}")
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
-        check_dropout(self.dropout)
+        self._check("activation", check_choice, ACTIVATIONS)
+        self._check("norm", check_choice, NORMS)
+        self._check("norm_eps", check_number, low=0, low_open=True)
+        self._check("norm_first", check_flag)
+        self._check("bias", check_flag)
+        self._check("dropout", check_dropout)
+
+    def _check(self, name: str, check, *args, **kwargs) -> None:
+        "Replace field `name` by what `check(value, name, ...)` returns (or raise)."
+        object.__setattr__(self, name, check(getattr(self, name), name, *args, **kwargs))
 
     @property
     def head_dim(self) -> int:

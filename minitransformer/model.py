@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from .core import (
-    check_bool_mask, check_positive_int, check_tensor, shape_str)
+    check_bool_mask, check_choice, check_flag, check_int, check_number,
+    check_positive_int, check_tensor, shape_str)
 from .embeddings import TokenEmbedding
 from .kv_cache import DecoderCache
 from .layers import Decoder, Encoder, LayerConfig
@@ -36,12 +37,17 @@ class TextConfig(LayerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self.max_len, "max_len")
-        if self.position_encoding not in POSITION_ENCODINGS:
-            raise ValueError(f"position_encoding must be one of {POSITION_ENCODINGS}, "
-                             f"got {self.position_encoding!r}")
-        if not self.rope_base > 0:
-            raise ValueError(f"rope_base must be positive, got {self.rope_base}")
+        self._check("max_len", check_positive_int)
+        self._check("position_encoding", check_choice, self._encodings)
+        self._check("rope_base", check_number, low=1, low_open=True)
+        self._check("pad_id", check_int, minimum=0)
+
+    _encodings = POSITION_ENCODINGS  # the position encodings the model supports
+
+    def _check_pad_id(self, *vocab_sizes: int) -> None:
+        if self.pad_id >= min(vocab_sizes):
+            raise ValueError(f"pad_id must be a token id below the vocabulary size "
+                             f"{min(vocab_sizes)}, got {self.pad_id}")
 
 
 class _Embed(nn.Module):
@@ -120,8 +126,10 @@ class GPTConfig(TextConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self.vocab_size, "vocab_size")
-        check_positive_int(self.n_layers, "n_layers")
+        self._check("vocab_size", check_positive_int)
+        self._check("n_layers", check_positive_int)
+        self._check("tie_weights", check_flag)
+        self._check_pad_id(self.vocab_size)
 
 
 class GPT(nn.Module):
@@ -177,12 +185,11 @@ class TransformerConfig(TextConfig):
         super().__post_init__()
         for name in ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers",
                      "n_decoder_layers"):
-            check_positive_int(getattr(self, name), name)
-        if self.position_encoding == "rotary":
-            raise ValueError("position_encoding must be 'learned' or 'sinusoidal' for "
-                             "the encoder–decoder, got 'rotary'")
-        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
-            raise ValueError(f"pad_id {self.pad_id} is outside the vocabularies")
+            self._check(name, check_positive_int)
+        self._check("tie_weights", check_flag)
+        self._check_pad_id(self.src_vocab_size, self.tgt_vocab_size)
+
+    _encodings = ("learned", "sinusoidal")  # rotary would need rotary cross-attention
 
 # %% ../nbs/11_model.ipynb #42a88a50
 class Transformer(nn.Module):
@@ -260,11 +267,11 @@ class EncoderClassifierConfig(TextConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in ("vocab_size", "n_classes", "n_layers"):
-            check_positive_int(getattr(self, name), name)
-        if self.position_encoding == "rotary" or self.pooling not in ("cls", "mean"):
-            raise ValueError(f"position_encoding must be learned or sinusoidal and "
-                             f"pooling cls or mean, got {self.position_encoding!r} and "
-                             f"{self.pooling!r}")
+            self._check(name, check_positive_int)
+        self._check("pooling", check_choice, ("cls", "mean"))
+        self._check_pad_id(self.vocab_size)
+
+    _encodings = ("learned", "sinusoidal")
 
 
 class EncoderClassifier(nn.Module):
@@ -314,7 +321,7 @@ class ViTConfig(LayerConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in ("image_size", "patch_size", "channels", "n_classes", "n_layers"):
-            check_positive_int(getattr(self, name), name)
+            self._check(name, check_positive_int)
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size ({self.image_size}) must be divisible by "
                              f"patch_size ({self.patch_size})")

@@ -3,8 +3,13 @@
 # %% ../nbs/13_training.ipynb #c8b391e6
 from __future__ import annotations
 
+import json
 import math
+import os
+import tempfile
 import time
+import warnings
+import zipfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,16 +17,20 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
-from .core import check_probability, shape_str
+from .core import (
+    check_choice, check_flag, check_int, check_number, check_positive_int,
+    check_probability, check_tensor, shape_str)
 from .model import (
     GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig, Transformer,
     TransformerConfig, ViTConfig, VisionTransformer)
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'train', 'save_checkpoint',
-           'load_checkpoint']
+__all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'save_checkpoint',
+           'load_checkpoint', 'train']
 
 # %% ../nbs/13_training.ipynb #83ab1eea
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
@@ -32,8 +41,12 @@ def learning_rate(progress: float,  # fraction of training done, 0..1 (cosine on
                   lr: float, warmup: int, schedule: str = "cosine",
                   min_ratio: float = 0.1) -> float:
     "Linear warm-up, then cosine decay to `min_ratio`·lr, constant, or ∝ 1/√step."
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    check_number(progress, "progress")
+    step = check_int(step, "step", minimum=0)
+    warmup = check_int(warmup, "warmup", minimum=0)
+    lr = check_number(lr, "lr", low=0)
+    check_choice(schedule, "schedule", SCHEDULES)
+    min_ratio = check_probability(min_ratio, "min_ratio")
     if warmup > 0 and step < warmup:
         return lr * (step + 1) / warmup
     if schedule == "constant":
@@ -48,12 +61,26 @@ def sequence_loss(logits: torch.Tensor,  # (..., V)
                   targets: torch.Tensor,  # (...) token ids
                   ignore_id: int | None = None,  # a target id that does not count (pad)
                   label_smoothing: float = 0.0) -> torch.Tensor:
-    "Mean cross-entropy over every counted target position."
-    if logits.shape[:-1] != targets.shape:
+    """Mean cross-entropy over every counted target position (0, still differentiable,
+    when no position counts)."""
+    check_tensor(logits, "logits", min_dim=1, floating=True)
+    check_tensor(targets, "targets")
+    if torch.is_floating_point(targets) or targets.is_complex() \
+            or targets.dtype == torch.bool:
+        raise TypeError(f"targets must hold integer token ids, got {targets.dtype}")
+    if logits.shape[:-1] != targets.shape or logits.shape[-1] == 0:
         raise ValueError(f"logits {shape_str(logits)} do not fit targets "
                          f"{shape_str(targets)}: expected logits of shape "
-                         "targets.shape + (V,)")
-    ignore = -100 if ignore_id is None else ignore_id
+                         "targets.shape + (V,), V >= 1")
+    ignore = -100 if ignore_id is None else check_int(ignore_id, "ignore_id")
+    label_smoothing = check_probability(label_smoothing, "label_smoothing")
+    V, counted = logits.shape[-1], targets != ignore
+    bad = counted & ((targets < 0) | (targets >= V))
+    if bad.any():  # on CUDA, cross_entropy would stop with a device-side assert
+        raise ValueError(f"targets must be token ids in [0, {V}) or ignore_id, got "
+                         f"{targets[bad][0].item()}")
+    if not counted.any():  # torch would give NaN (a mean over nothing)
+        return logits.sum() * 0.0
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(),
                            ignore_index=ignore, label_smoothing=label_smoothing)
 
@@ -66,6 +93,7 @@ class TrainLog:
     losses: list = field(default_factory=list)
     lrs: list = field(default_factory=list)
     evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
+    skipped: int = 0  # steps with a NaN/inf loss or gradient (on_nonfinite="skip")
 
     def record_step(self, loss: float, rate: float, seconds: float,
                     log_every: int) -> None:
@@ -87,8 +115,8 @@ class TrainLog:
 class _Clock:
     "Seconds since it was made, less the time spent inside `paused()` blocks."
 
-    def __init__(self):
-        self.start, self.excluded = time.perf_counter(), 0.0
+    def __init__(self, offset: float = 0.0):  # offset: seconds already trained
+        self.start, self.excluded = time.perf_counter() - offset, 0.0
 
     def __call__(self) -> float:
         return time.perf_counter() - self.start - self.excluded
@@ -113,13 +141,16 @@ class WeightAverage:
     "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
 
     def __init__(self, params: list, decay: float, name: str = "decay"):
-        self.params = params
+        self.params = list(params)
+        for i, p in enumerate(self.params):
+            check_tensor(p, f"params[{i}]", floating=True)
         self.decay = check_probability(decay, name, allow_zero=False, allow_one=False)
-        self.average = [p.detach().float().clone() for p in params]
+        self.average = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
     def update(self, step: int) -> None:
         "After step t (1, 2, ...): move 1 - d of the way, d = min(decay, (1+t)/(10+t))."
+        step = check_int(step, "step", minimum=0)
         d = min(self.decay, (1 + step) / (10 + step))  # early: forget the start fast
         torch._foreach_lerp_(self.average, [p.float() for p in self.params], 1 - d)
 
@@ -130,7 +161,7 @@ class WeightAverage:
         _load(self.params, self.average)
         try:
             yield
-        finally:
+        finally:  # also after an error or Ctrl-C inside the block
             _load(self.params, live)
 
 
@@ -138,12 +169,22 @@ def _evaluate(model: nn.Module, eval_fn: Callable,
               average: WeightAverage | None) -> dict:
     "`eval_fn`'s metrics in eval mode; with `average`, also the averaged weights' ones."
     model.eval()
-    metrics = eval_fn(model)
-    if average is not None:
-        with average.swapped_in():
-            metrics |= {f"ema {k}": v for k, v in eval_fn(model).items()}
-    model.train()
+    try:
+        metrics = _check_metrics(eval_fn(model))
+        if average is not None:
+            with average.swapped_in():
+                metrics |= {f"ema {k}": v
+                            for k, v in _check_metrics(eval_fn(model)).items()}
+    finally:
+        model.train()
     return metrics
+
+
+def _check_metrics(metrics) -> dict:
+    if not isinstance(metrics, dict):
+        raise TypeError(f"eval_fn must return a dict of metrics, got "
+                        f"{type(metrics).__name__}")
+    return dict(metrics)
 
 
 def _adamw(params: list, lr: float, betas: tuple,
@@ -152,21 +193,348 @@ def _adamw(params: list, lr: float, betas: tuple,
     groups = [{"params": [p for p in params if p.dim() >= 2],
                "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
+
+# %% ../nbs/13_training.ipynb #b5ca59d4
+FORMAT = "minitransformer-checkpoint-3"  # 3: safetensors + JSON; 2: torch.save (.pt)
+_MODELS = {"GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
+           "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
+           "VisionTransformer": (VisionTransformer, ViTConfig)}
+_TRAIN = "train/"  # names of a training run's extra tensors (optimiser, average)
 
 
-def _empty_budget(steps: int | None, max_seconds: float | None) -> bool:
-    "Check `train`'s budget; True when it allows no step at all (steps or seconds 0)."
+def _model_tensors(model: nn.Module) -> tuple[dict, dict]:
+    "The state dict with each tensor once; a tied weight becomes an alias of another."
+    tensors, aliases, seen = {}, {}, {}
+    for name, t in model.state_dict().items():
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]  # e.g. the head tied to the token embedding
+        else:
+            seen[key] = name
+            tensors[name] = t.detach().cpu().contiguous()
+    return tensors, aliases
+
+
+def _write(path: str | Path, tensors: dict, metadata: dict) -> Path:
+    "Write a safetensors file atomically: a temporary file beside it, then a rename."
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:  # a failure (or Ctrl-C) before the rename leaves the old file untouched
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _save(model: nn.Module, path: str | Path, extra: dict | None = None,
+          info: dict | None = None) -> Path:
+    "A checkpoint of `model`, plus a training run's `extra` tensors and `info`."
+    kind = type(model).__name__
+    if kind not in _MODELS:
+        raise TypeError(f"model must be one of {list(_MODELS)}, got {kind}")
+    tensors, aliases = _model_tensors(model)
+    tensors |= {name: t.detach().cpu().contiguous()
+                for name, t in (extra or {}).items()}
+    metadata = {"format": FORMAT, "model": kind, "aliases": json.dumps(aliases),
+                "config": json.dumps(asdict(model.config))}  # plain values only
+    if info is not None:
+        metadata["train"] = json.dumps(info, default=float)  # metrics may be tensors
+    return _write(path, tensors, metadata)
+
+
+def save_checkpoint(model: nn.Module, path: str | Path) -> Path:
+    "Save `model`'s class, config and weights to `path` (safetensors, atomically)."
+    return _save(model, path)
+
+# %% ../nbs/13_training.ipynb #b8580cde
+def _header(path: Path) -> tuple[dict, dict]:
+    "A safetensors file's metadata and {name: (dtype, shape)}, without its tensors."
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+            layout = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
+                      for k in f.keys()}
+    except Exception as e:  # empty, truncated, not safetensors: the library's message
+        raise ValueError(f"{path} is not a readable checkpoint: {e}") from None
+    return meta, layout
+
+
+def _expected(path: Path, meta: dict) -> tuple[type, object, dict]:
+    "The class, config and {name: shape} a checkpoint's metadata describes."
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a minitransformer checkpoint (format "
+                         f"{meta.get('format')!r}, expected {FORMAT!r})")
+    if meta.get("model") not in _MODELS:
+        raise ValueError(f"{path} holds an unknown model {meta.get('model')!r}")
+    cls, cfg_cls = _MODELS[meta["model"]]
+    try:
+        config = cfg_cls(**json.loads(meta["config"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path} holds an invalid {cfg_cls.__name__}: {e}") from None
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        return cls, config, _layout(cls(config))
+
+
+def _layout(model: nn.Module) -> dict:
+    "{name: (floating?, shape)} of `model`'s state dict."
+    return {k: (t.is_floating_point(), tuple(t.shape))
+            for k, t in model.state_dict().items()}
+
+
+def _check_layout(path: Path, meta: dict, layout: dict, shapes: dict) -> dict:
+    "Raise unless the file has every tensor `shapes` names, in that shape; the aliases."
+    aliases = json.loads(meta.get("aliases", "{}"))
+    stored = {k for k in layout if not k.startswith(_TRAIN)}
+    missing = sorted(shapes.keys() - stored - aliases.keys())
+    unexpected = sorted(stored - shapes.keys())
+    if missing or unexpected or not set(aliases.values()) <= stored:
+        raise ValueError(f"{path}: its tensors do not match its config: missing "
+                         f"{missing}, unexpected {unexpected}")
+    for name in sorted(stored):
+        dtype, shape = layout[name]
+        if shape != shapes[name][1]:
+            raise ValueError(f"{path}: {name} has shape {shape}, but the config "
+                             f"implies {shapes[name][1]}")
+        if dtype.startswith(("F", "BF")) != shapes[name][0]:
+            raise ValueError(f"{path}: {name} has dtype {dtype}, expected a "
+                             f"{'floating' if shapes[name][0] else 'integer'} tensor")
+    return aliases
+
+
+def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None:
+    "Raise unless `model` is the checkpoint's class, with its config and tensors."
+    if type(model).__name__ != kind:
+        raise ValueError(f"{path} holds a {kind}, but the model is a "
+                         f"{type(model).__name__}")
+    ours, theirs = asdict(model.config), asdict(config)
+    diff = sorted(k for k in ours.keys() | theirs.keys()
+                  if theirs.get(k) != ours.get(k))
+    if diff:
+        raise ValueError(f"{path}: the checkpoint's config does not match the model's: "
+                         + ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs model "
+                                     f"{ours.get(k)!r}" for k in diff))
+    have = _layout(model)
+    differ = sorted(k for k in have.keys() | shapes.keys()
+                    if have.get(k) != shapes.get(k))
+    if differ:  # e.g. a model changed after it was built
+        raise ValueError(f"{path}: the model's tensors differ from the checkpoint's "
+                         f"config: {differ[:5]}")
+
+# %% ../nbs/13_training.ipynb #ebb70840
+def load_checkpoint(path: str | Path, model: nn.Module | None = None,
+                    map_location: str | torch.device = "cpu",
+                    average: bool = False) -> nn.Module:
+    """Load a checkpoint into `model` (checked against its config) or a new model.
+    Everything is checked before any model is built or changed; `average=True` loads
+    a training checkpoint's averaged weights instead of its live ones."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    if zipfile.is_zipfile(path):  # torch.save's format: checkpoints before 0.1.0's end
+        return _load_pt(path, model, map_location)
+    meta, layout = _header(path)
+    cls, config, shapes = _expected(path, meta)
+    aliases = _check_layout(path, meta, layout, shapes)
+    if model is not None:
+        _check_fits(path, model, meta["model"], config, shapes)
+    names = [k for k in shapes if k not in aliases]
+    if average:
+        if not any(k.startswith(_TRAIN + "average/") for k in layout):
+            raise ValueError(f"{path} holds no weight average (average=True needs a "
+                             "checkpoint written by train(..., ema=...))")
+        names = [f"{_TRAIN}average/{k}" if f"{_TRAIN}average/{k}" in layout else k
+                 for k in names]
+    with safe_open(path, framework="pt", device="cpu") as f:
+        state = {k.removeprefix(f"{_TRAIN}average/"): f.get_tensor(k) for k in names}
+    state |= {alias: state[target] for alias, target in aliases.items()}
+    if model is None:
+        model = cls(config).to(map_location)
+    model.load_state_dict(state)  # names, shapes and kinds are known to fit
+    return model
+
+# %% ../nbs/13_training.ipynb #8a0b5185
+def _load_pt(path: Path, model: nn.Module | None, map_location) -> nn.Module:
+    "A checkpoint written by torch.save (format 2, before safetensors), checked alike."
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated or foreign: torch's message
+        raise ValueError(f"{path} is not a readable checkpoint: {e}") from None
+    fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
+    if fmt == "minitransformer-checkpoint-1":
+        raise ValueError(f"{path} was saved by minitransformer before the 0.1.0 "
+                         "reorganisation (format 1), whose parameter names have "
+                         "changed; it cannot be loaded: train the model again")
+    if (fmt != "minitransformer-checkpoint-2"
+            or not isinstance(ckpt.get("config"), dict)):
+        raise ValueError(f"{path} is not a minitransformer checkpoint")
+    meta = {"format": FORMAT, "model": ckpt.get("model"),
+            "config": json.dumps(ckpt["config"])}
+    cls, config, shapes = _expected(path, meta)
+    state = ckpt.get("state_dict") or {}
+    layout = {k: ("F32" if v.is_floating_point() else "I64", tuple(v.shape))
+              for k, v in state.items() if isinstance(v, torch.Tensor)}
+    _check_layout(path, meta, layout, shapes)
+    if model is not None:
+        _check_fits(path, model, meta["model"], config, shapes)
+    else:
+        model = cls(config).to(map_location)
+    model.load_state_dict(state)
+    warnings.warn(f"{path} uses the torch.save format of minitransformer 0.1.0's "
+                  "development versions; save_checkpoint writes it as safetensors",
+                  FutureWarning, stacklevel=3)
+    return model
+
+# %% ../nbs/13_training.ipynb #0ba7615a
+def _train_state(model: nn.Module, opt: torch.optim.Optimizer,
+                 average: WeightAverage | None, log: TrainLog, run: dict) -> tuple:
+    "What resuming a run needs, as (tensors named 'train/…', JSON-able info)."
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = {f"{_TRAIN}optimizer/{names[id(p)]}/{key}": value
+               for p, state in opt.state.items() for key, value in state.items()}
+    if average is not None:
+        tensors |= {f"{_TRAIN}average/{names[id(p)]}": a
+                    for p, a in zip(average.params, average.average)}
+    tensors[f"{_TRAIN}rng/cpu"] = torch.get_rng_state()
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        tensors[f"{_TRAIN}rng/cuda"] = torch.cuda.get_rng_state(device)
+    tensors[f"{_TRAIN}log/losses"] = torch.tensor(log.losses, dtype=torch.float64)
+    tensors[f"{_TRAIN}log/lrs"] = torch.tensor(log.lrs, dtype=torch.float64)
+    info = {"step": log.steps, "seconds": log.seconds, "skipped": log.skipped,
+            "evals": log.evals, "run": run}
+    return tensors, info
+
+
+def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
+            average: WeightAverage | None, log: TrainLog, run: dict) -> None:
+    "Restore a run saved by `_train_state` into `model`, `opt`, `average` and `log`."
+    meta, layout = _header(path)
+    if "train" not in meta:
+        raise ValueError(f"{path} holds no training state (save_checkpoint writes "
+                         "weights only; train(..., checkpoint=...) writes a run)")
+    info = json.loads(meta["train"])
+    saved_average = any(k.startswith(f"{_TRAIN}average/") for k in layout)
+    if saved_average != (average is not None):
+        raise ValueError(f"{path}: the saved run had {'a' if saved_average else 'no'} "
+                         "weight average; resume it with the same ema")
+    changed = sorted(k for k in run if info["run"].get(k) != run[k])
+    if changed:
+        warnings.warn(f"resuming {path} with different {changed}: the run will not "
+                      "follow the curve of an uninterrupted one", stacklevel=3)
+    load_checkpoint(path, model)  # the live weights (class, config, shapes checked)
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for group in opt.param_groups for p in group["params"]]
+    with safe_open(path, framework="pt", device="cpu") as f:
+        state = {}
+        for i, p in enumerate(params):
+            prefix = f"{_TRAIN}optimizer/{names[id(p)]}/"
+            found = {k.removeprefix(prefix): f.get_tensor(k) for k in layout
+                     if k.startswith(prefix) and "/" not in k.removeprefix(prefix)}
+            if found:
+                state[i] = found
+        if average is not None:
+            for p, a in zip(average.params, average.average):
+                a.copy_(f.get_tensor(f"{_TRAIN}average/{names[id(p)]}"))
+        torch.set_rng_state(f.get_tensor(f"{_TRAIN}rng/cpu"))
+        if f"{_TRAIN}rng/cuda" in layout and params[0].device.type == "cuda":
+            torch.cuda.set_rng_state(f.get_tensor(f"{_TRAIN}rng/cuda"),
+                                     params[0].device)
+        log.losses = f.get_tensor(f"{_TRAIN}log/losses").tolist()
+        log.lrs = f.get_tensor(f"{_TRAIN}log/lrs").tolist()
+    opt.load_state_dict({"state": state,
+                         "param_groups": opt.state_dict()["param_groups"]})
+    log.steps, log.seconds, log.skipped = info["step"], info["seconds"], info["skipped"]
+    log.evals = [(s, t, m) for s, t, m in info["evals"]]
+
+# %% ../nbs/13_training.ipynb #a84d18fa
+def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
+                 schedule, min_lr_ratio, weight_decay, betas, clip, ema, eval_fn,
+                 eval_every, log_every, autocast_bf16, on_nonfinite, checkpoint,
+                 checkpoint_every, resume) -> dict:
+    "`train`'s arguments checked, as plain values; raise naming the first bad one."
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model has no trainable parameters (requires_grad=True)")
+    for name, fn in (("next_batch", next_batch), ("loss_fn", loss_fn)):
+        if not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    if eval_fn is not None and not callable(eval_fn):
+        raise TypeError(f"eval_fn must be callable or None, got "
+                        f"{type(eval_fn).__name__}")
     if steps is None and max_seconds is None:
         raise ValueError("give steps, max_seconds or both")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
-                              or steps < 0):
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
-    if max_seconds is not None and not max_seconds >= 0:  # NaN fails too
-        raise ValueError(f"max_seconds must be >= 0, got {max_seconds}")
-    return steps == 0 or max_seconds == 0
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
+    if (checkpoint_every is not None or resume) and checkpoint is None:
+        raise ValueError("checkpoint_every and resume need a checkpoint path")
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
+    def maybe(value, check, name, **kw):  # None stays None: the option is off
+        return None if value is None else check(value, name, **kw)
 
-# %% ../nbs/13_training.ipynb #a7974e38
+    return dict(
+        steps=maybe(steps, check_int, "steps", minimum=0),
+        max_seconds=maybe(max_seconds, check_number, "max_seconds", low=0),
+        lr=check_number(lr, "lr", low=0, low_open=True),
+        warmup=check_int(warmup, "warmup", minimum=0),
+        schedule=check_choice(schedule, "schedule", SCHEDULES),
+        min_lr_ratio=check_probability(min_lr_ratio, "min_lr_ratio"),
+        weight_decay=check_number(weight_decay, "weight_decay", low=0),
+        betas=tuple(check_probability(b, "betas", allow_one=False) for b in betas),
+        clip=maybe(clip, check_number, "clip", low=0, low_open=True),
+        ema=maybe(ema, check_probability, "ema", allow_zero=False, allow_one=False),
+        eval_every=maybe(eval_every, check_positive_int, "eval_every"),
+        log_every=check_int(log_every, "log_every", minimum=0),
+        autocast_bf16=check_flag(autocast_bf16, "autocast_bf16"),
+        on_nonfinite=check_choice(on_nonfinite, "on_nonfinite", ("raise", "skip")),
+        checkpoint=None if checkpoint is None else Path(checkpoint),
+        checkpoint_every=maybe(checkpoint_every, check_positive_int,
+                               "checkpoint_every"),
+        resume=check_flag(resume, "resume"))
+
+
+def _run_args(a: dict) -> dict:
+    "The arguments that shape a run's curve, as JSON would give them back."
+    return json.loads(json.dumps({k: a[k] for k in (
+        "steps", "max_seconds", "lr", "warmup", "schedule", "min_lr_ratio",
+        "weight_decay", "betas", "clip", "ema")}))
+
+
+def _progress(log: TrainLog, clock: _Clock, a: dict) -> float:
+    "The fraction of the budget used: of the steps or of the seconds, the larger."
+    return max(log.steps / a["steps"] if a["steps"] else 0.0,
+               clock() / a["max_seconds"] if a["max_seconds"] else 0.0)
+
+
+def _check_loss(loss) -> torch.Tensor:
+    "`loss` if it is a scalar tensor with a gradient; else raise."
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
+        what = (shape_str(loss) + ("" if loss.requires_grad else " without grad")
+                if isinstance(loss, torch.Tensor) else type(loss).__name__)
+        raise TypeError(f"loss_fn must return a scalar tensor that requires grad, got "
+                        f"{what}")
+    return loss
+
+
+def _nonfinite(model: nn.Module, log: TrainLog, values: list, policy: str) -> None:
+    "A step whose loss or gradient norm is NaN or inf: raise, or count it as skipped."
+    if policy == "skip":
+        log.skipped += 1
+        return
+    model.eval()
+    raise FloatingPointError(
+        f"step {log.steps}: the loss is {values[0]} and the gradient norm "
+        f"{values[1]}; this step changed no weight (train(..., on_nonfinite='skip') "
+        "skips such steps instead)")
+
+# %% ../nbs/13_training.ipynb #c4d2e8a7
 def train(model: nn.Module,
           next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
           loss_fn: Callable[[nn.Module, tuple], torch.Tensor],  # (model, batch) -> loss
@@ -184,95 +552,67 @@ def train(model: nn.Module,
           eval_every: int | None = None,  # evaluate every this many steps + at the end
           log_every: int = 100,  # print progress every this many steps (0: quiet)
           autocast_bf16: bool = False,  # run forward passes under bfloat16 autocast
+          on_nonfinite: str = "raise",  # NaN/inf loss or gradient: raise | skip
+          checkpoint: str | Path | None = None,  # save the run here at the end ...
+          checkpoint_every: int | None = None,  # ... and every this many steps
+          resume: bool = False,  # continue the run saved at `checkpoint`, if any
           ) -> TrainLog:
     """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient
     clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
-    model ends holding them."""
-    if _empty_budget(steps, max_seconds):
-        return TrainLog()  # nothing to do
-    device = next(model.parameters()).device
+    model ends holding them. A step whose loss or gradient is not finite changes no
+    weight: it raises `FloatingPointError`, or is skipped (counted in `log.skipped`)."""
+    a = _check_train(**locals())
+    if a["steps"] == 0 or a["max_seconds"] == 0:
+        return TrainLog()  # an empty budget: nothing to do
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = _adamw(params, lr, betas, weight_decay)
-    average = None if ema is None else WeightAverage(params, ema, "ema")
-    log, clock = TrainLog(), _Clock()  # training time: evaluations do not count
+    opt = _adamw(params, a["lr"], a["betas"], a["weight_decay"])
+    average = None if a["ema"] is None else WeightAverage(params, a["ema"], "ema")
+    log, run = TrainLog(), _run_args(a)
+    if a["resume"] and a["checkpoint"].exists():
+        _resume(a["checkpoint"], model, opt, average, log, run)
+    clock = _Clock(log.seconds)  # training time: evaluations and saves do not count
 
-    def evaluate(step: int) -> None:
+    def evaluate() -> None:
         with clock.paused():
             metrics = _evaluate(model, eval_fn, average)
-        log.record_eval(step, clock(), metrics, verbose=bool(log_every))
+        log.record_eval(log.steps, clock(), metrics, verbose=bool(log_every))
+
+    def save() -> None:
+        log.seconds = clock()
+        with clock.paused():
+            _save(model, a["checkpoint"], *_train_state(model, opt, average, log, run))
 
     model.train()
-    step = 0
-    while (progress := max(step / steps if steps else 0.0,
-                           clock() / max_seconds if max_seconds else 0.0)) < 1.0:
-        rate = learning_rate(progress, step, lr, warmup, schedule, min_lr_ratio)
+    while (progress := _progress(log, clock, a)) < 1.0:
+        rate = learning_rate(progress, log.steps, a["lr"], a["warmup"], a["schedule"],
+                             a["min_lr_ratio"])
         for group in opt.param_groups:
             group["lr"] = rate
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-            loss = loss_fn(model, next_batch(step))
+        with torch.autocast(params[0].device.type, dtype=torch.bfloat16,
+                            enabled=autocast_bf16):
+            loss = _check_loss(loss_fn(model, next_batch(log.steps)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if clip is not None:
-            nn.utils.clip_grad_norm_(params, clip)
-        opt.step()
-        step += 1
-        if average is not None:
-            average.update(step)
-        log.record_step(loss.item(), rate, clock(), log_every)
-        if eval_fn is not None and eval_every and step % eval_every == 0:
-            evaluate(step)
-    log.steps, log.seconds = step, clock()
-    if eval_fn is not None and not (eval_every and step % eval_every == 0):
-        evaluate(step)
+        norm = nn.utils.clip_grad_norm_(params, a["clip"] or math.inf)  # inf: measure
+        values = torch.stack([loss.detach().float(), norm.float()]).tolist()  # 1 sync
+        log.steps += 1
+        if all(map(math.isfinite, values)):
+            opt.step()
+            if average is not None:
+                average.update(log.steps)
+        else:  # no weight, no average moves
+            _nonfinite(model, log, values, a["on_nonfinite"])
+        log.record_step(values[0], rate, clock(), log_every)
+        if eval_fn is not None and eval_every and log.steps % eval_every == 0:
+            evaluate()
+        if a["checkpoint_every"] and log.steps % a["checkpoint_every"] == 0:
+            save()
+    log.seconds = clock()
+    if eval_fn is not None and not (log.evals and log.evals[-1][0] == log.steps):
+        evaluate()
+    if a["checkpoint"] is not None:
+        save()
     if average is not None:
         _load(params, average.average)  # the model keeps the averaged weights
     model.eval()
     return log
-
-# %% ../nbs/13_training.ipynb #b46ec690
-FORMAT = "minitransformer-checkpoint-2"  # 2: the 0.1.0 layout (stacks, q/k/v)
-_MODELS = {"GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
-           "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
-           "VisionTransformer": (VisionTransformer, ViTConfig)}
-
-
-def save_checkpoint(model: nn.Module, path: str | Path) -> None:
-    "Save `model`'s class, config and weights to `path` (loadable with `weights_only`)."
-    name = type(model).__name__
-    if name not in _MODELS:
-        raise TypeError(f"save_checkpoint handles {list(_MODELS)}, got {name}")
-    torch.save({"format": FORMAT, "model": name, "config": asdict(model.config),
-                "state_dict": model.state_dict()}, path)
-
-
-def load_checkpoint(path: str | Path, model: nn.Module | None = None,
-                    map_location="cpu"):
-    "Load a checkpoint into `model` (checked against its config) or into a new model."
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
-    if fmt == "minitransformer-checkpoint-1":
-        raise ValueError(f"{path} was saved by minitransformer before the 0.1.0 "
-                         "reorganisation (format 1), whose parameter names have "
-                         "changed; it cannot be loaded: train the model again")
-    if fmt != FORMAT:
-        raise ValueError(f"{path} is not a minitransformer checkpoint")
-    cls, cfg_cls = _MODELS[ckpt["model"]]
-    if model is None:
-        model = cls(cfg_cls(**ckpt["config"]))
-    else:
-        if type(model).__name__ != ckpt["model"]:
-            raise ValueError(f"the checkpoint holds a {ckpt['model']}, but the model "
-                             f"is a {type(model).__name__}")
-        ours, theirs = asdict(model.config), ckpt["config"]
-        diff = sorted(k for k in ours.keys() | theirs.keys()
-                      if theirs.get(k) != ours.get(k))
-        if diff:
-            raise ValueError("the checkpoint's config does not match the model's: "
-                             + ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs model "
-                                         f"{ours.get(k)!r}" for k in diff))
-    want, got = set(model.state_dict()), set(ckpt["state_dict"])
-    if want != got:
-        raise ValueError(f"checkpoint keys do not match the model: missing "
-                         f"{sorted(want - got)}, unexpected {sorted(got - want)}")
-    model.load_state_dict(ckpt["state_dict"])
-    return model

@@ -45,11 +45,18 @@ def attention_with_weights(
     scores = q @ k.transpose(-2, -1) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
     if mask is not None:
         check_mask(mask, scores.shape)
-        scores = scores.masked_fill(~mask, float("-inf"))  # blocked keys get no weight
+        # blocked keys get no weight: -inf is *added*, as in PyTorch's kernels, so
+        # both paths treat non-finite scores alike (the rule at the end of the chapter)
+        scores = torch.where(mask, scores, scores - math.inf)
     weights = softmax(scores)  # (..., T, S); a row with no allowed key is all zeros
+    if mask is not None:  # (..., T, 1): queries that may see nothing: zeros, always
+        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     if dropout_p > 0.0:
         weights = F.dropout(weights, dropout_p)
-    return weights @ v, weights  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
+    out = weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
+    if mask is not None:  # even when a blocked value is NaN (0 · NaN = NaN)
+        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return out, weights
 
 # %% ../nbs/04_attention.ipynb #b46b2a28
 def scaled_dot_product_attention(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .core import check_positive_int, check_tensor, shape_str
 from .embeddings import Tokenizer
 from .generation import generate
 
@@ -208,11 +209,19 @@ def char_windows(data: torch.Tensor,  # (N,) token ids of one long text
                  batch_size: int,  # B
                  generator: torch.Generator | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor]:  # inputs, targets: (B, T) each
-    "Random windows of a long token sequence, with the following token as each target."
-    if data.dim() != 1 or len(data) <= context:
-        raise ValueError(f"data must be 1-D and longer than context={context}, "
-                         f"got shape {tuple(data.shape)}")
-    starts = torch.randint(0, len(data) - context - 1, (batch_size,),
+    """Random windows of a long token sequence, with the following token as each target.
+    Every one of the N - T windows of T + 1 tokens is equally likely."""
+    context = check_positive_int(context, "context")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    check_tensor(data, "data")
+    if data.dim() != 1 or len(data) <= context or data.is_floating_point():
+        raise ValueError(f"data must be 1-D integer token ids, longer than "
+                         f"context={context}, got {data.dtype} of shape "
+                         f"{shape_str(data)}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got "
+                        f"{type(generator).__name__}")
+    starts = torch.randint(0, len(data) - context, (batch_size,),  # last: N - T - 1
                            generator=generator)
     idx = starts[:, None] + torch.arange(context + 1)
     windows = data[idx]  # (B, T + 1)

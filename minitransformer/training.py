@@ -423,11 +423,11 @@ def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
     if saved_average != (average is not None):
         raise ValueError(f"{path}: the saved run had {'a' if saved_average else 'no'} "
                          "weight average; resume it with the same ema")
+    load_checkpoint(path, model)  # the live weights (class, config, shapes checked)
     changed = sorted(k for k in run if info["run"].get(k) != run[k])
     if changed:
         warnings.warn(f"resuming {path} with different {changed}: the run will not "
                       "follow the curve of an uninterrupted one", stacklevel=3)
-    load_checkpoint(path, model)  # the live weights (class, config, shapes checked)
     names = {id(p): n for n, p in model.named_parameters()}
     params = [p for group in opt.param_groups for p in group["params"]]
     with safe_open(path, framework="pt", device="cpu") as f:

@@ -342,7 +342,7 @@ def _(data):
     shape = p.draw(st.lists(st.integers(0, 3), max_size=3).map(tuple), label="shape")
     dtype = p.draw(st.sampled_from([torch.float32, torch.int64, torch.bool, torch.float16]))
     min_dim = p.value("min_dim", st.integers(0, 4), ("1", None, 1.5, -1),
-                      judge=lambda v: EDGE if v == -1 else BAD)
+                      judge=lambda v: EDGE if v == -1 else BAD, names=["min_dim", "probe"])
     floating = p.draw(st.booleans(), label="floating")
     x = p.tensor("x", torch.zeros(shape, dtype=dtype), {"list": BAD, "noncontig": VALID,
                                                         "number": (BAD, lambda t: 1.0)},
@@ -490,7 +490,7 @@ def _(data):
     shape = p.draw(st.lists(st.integers(0, 3), max_size=4).map(tuple), label="shape")
     mask = p.tensor("mask", bools(p, shape), {"float": BAD, "long": BAD, "list": BAD,
                                               "uint8": (BAD, lambda m: m.to(torch.uint8)),
-                                              "noncontig": VALID})
+                                              "noncontig": VALID}, names=["the_mask", "mask"])
     out = p.run(lambda: p.call("check_bool_mask", core.check_bool_mask, mask, "the_mask"))
     if ok(out):
         assert out is mask
@@ -961,7 +961,7 @@ def _(data):
     C = p.value("d_model", st.just(H * D), (0, -H * D, H * D + 1, float(H * D), True, "8"),
                 names=["d_model", "n_heads"])
     n_heads = p.value("n_heads", st.just(H), (0, -1, 1.5, True, None, H * D + 1),
-                      judge=lambda v: VALID if v is True and H == 1 else BAD,
+                      judge=lambda v: BAD,
                       names=["n_heads", "d_model"])
     rotary = _rotary(p, D)
     if p.hit("rotary"):
@@ -1023,7 +1023,7 @@ def _(data):
     H, D = _head_dims(p)
     C = H * D
     n_heads = p.value("n_heads", st.just(H), (0, -1, 1.5, True, None, C + 1),
-                      judge=lambda v: VALID if v is True and H == 1 else BAD,
+                      judge=lambda v: BAD,
                       names=["n_heads", "d_model"])
     d_model = p.value("d_model", st.just(C), (0, -C, 2.0 * C, True, None),
                       names=["d_model", "n_heads"])
@@ -2446,7 +2446,8 @@ def _(data):
     p = Probe(data, ["log_every", "loss", "metrics"])
     n = p.draw(st.integers(0, 6), label="steps")
     log_every = p.value("log_every", st.integers(0, 4), (-1, 0.5, "2", None, True))
-    loss = p.value("loss", st.floats(0, 10), (nan, inf, "1.0", None, torch.tensor([1.0, 2.0])))
+    loss = p.value("loss", st.floats(0, 10), (nan, inf, "1.0", None, torch.tensor([1.0, 2.0])),
+                   judge=lambda v: EDGE if isinstance(v, float) else BAD)
     metrics = p.value("metrics", st.dictionaries(st.sampled_from(["loss", "acc"]), st.floats(0, 1)),
                       (None, [("acc", 1.0)], {"acc": "high"}))
     verbose = p.draw(st.booleans(), label="verbose")

@@ -41,7 +41,7 @@ def test_version_comes_from_settings(settings):
 
 
 def test_wheel_metadata(tmp_path, settings):
-    "`pip install .` needs torch alone; the plotting and dev tools are extras."
+    "`pip install .` needs torch and safetensors alone; plotting and dev tools are extras."
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("minitransformer-*.whl")
@@ -50,7 +50,9 @@ def test_wheel_metadata(tmp_path, settings):
         modules = {Path(n).stem for n in z.namelist() if n.startswith("minitransformer/")}
     requires = [l.split(":", 1)[1].strip() for l in meta.splitlines() if l.startswith("Requires-Dist:")]
     hard = [r for r in requires if "extra ==" not in r]
-    assert hard == settings["requirements"].split(), f"hard dependencies should be torch only, got {hard}"
+    assert hard == settings["requirements"].split(), hard
+    assert [r.split(">")[0] for r in hard] == ["torch", "safetensors"], \
+        f"the hard dependencies should be torch and safetensors only, got {hard}"
     extras = {l.split(":", 1)[1].strip() for l in meta.splitlines() if l.startswith("Provides-Extra:")}
     assert {"plot", "chapters", "dev"} <= extras, extras
     assert f"Version: {settings['version']}" in meta
@@ -59,7 +61,7 @@ def test_wheel_metadata(tmp_path, settings):
 
 
 def test_modules_import_without_plotting_libraries():
-    "Only torch is needed to import every module: matplotlib and ipywidgets are imported lazily."
+    "torch and safetensors suffice to import every module: plotting libraries load lazily."
     code = ("import sys, pkgutil, importlib; sys.modules['matplotlib'] = None; sys.modules['ipywidgets'] = None\n"
             "import minitransformer\n"
             "for m in pkgutil.iter_modules(minitransformer.__path__):\n"

@@ -8,7 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .core import broadcast_shape, check_dropout, check_tensor, shape_str
+from .core import (
+    broadcast_shape, check_dropout, check_number, check_tensor, shape_str)
 from .mixing import softmax
 from .qkv import check_qkv
 
@@ -18,6 +19,9 @@ __all__ = ['check_mask', 'attention_with_weights', 'scaled_dot_product_attention
 # %% ../nbs/04_attention.ipynb #4e9b74c7
 def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -> None:
     "Raise unless `mask` is None or boolean (True = attend) and broadcasts to `shape`."
+    if not (isinstance(shape, (tuple, torch.Size))
+            and all(isinstance(n, int) and n >= 0 for n in shape)):
+        raise TypeError(f"shape must be a tuple of sizes, got {shape!r}")
     if mask is None:
         return
     check_tensor(mask, "mask")
@@ -30,6 +34,22 @@ def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -
                          f"attention weights' shape {tuple(shape)} = (..., T, S)")
 
 
+def _check_args(q, k, v, mask, dropout_p, scale) -> tuple[float, torch.Tensor | None]:
+    "Check an attention call; return the scale and the mask, made at least 2-D."
+    check_qkv(q, k, v)
+    check_dropout(dropout_p, "dropout_p")
+    if scale is None:  # (width 0: every score is 0, any scale will do)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+    else:
+        scale = check_number(scale, "scale")
+    if mask is not None:
+        lead = broadcast_shape(q.shape[:-2], k.shape[:-2])
+        check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
+        if mask.dim() < 2:  # (S,) or (): one row for every query
+            mask = mask.reshape((1,) * (2 - mask.dim()) + mask.shape)
+    return scale, mask
+
+
 def attention_with_weights(
     q: torch.Tensor,  # (..., T, D) queries
     k: torch.Tensor,  # (..., S, D) keys
@@ -39,16 +59,13 @@ def attention_with_weights(
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv), weights (..., T, S)
     "Scaled dot-product attention step by step; returns the output and the weights."
-    check_qkv(q, k, v)
-    check_dropout(dropout_p, "dropout_p")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale, mask = _check_args(q, k, v, mask, dropout_p, scale)
     scores = q @ k.transpose(-2, -1) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
     if mask is not None:
-        check_mask(mask, scores.shape)
         # blocked keys get no weight: -inf is *added*, as in PyTorch's kernels, so
         # both paths treat non-finite scores alike (the rule at the end of the chapter)
         scores = torch.where(mask, scores, scores - math.inf)
-    weights = softmax(scores)  # (..., T, S); a row with no allowed key is all zeros
+    weights = softmax(scores) if k.shape[-2] else scores  # no keys: (..., T, 0)
     if mask is not None:  # (..., T, 1): queries that may see nothing: zeros, always
         weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     if dropout_p > 0.0:
@@ -68,11 +85,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
 ) -> torch.Tensor:  # (..., T, Dv)
     "softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; no allowed key gives 0."
-    check_qkv(q, k, v)
-    check_dropout(dropout_p, "dropout_p")
-    if mask is not None:
-        lead = broadcast_shape(q.shape[:-2], k.shape[:-2])
-        check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
+    scale, mask = _check_args(q, k, v, mask, dropout_p, scale)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                          scale=scale)
     if mask is not None:  # (..., T, 1): queries that may see nothing output zeros

@@ -25,11 +25,12 @@ def default_device() -> torch.device:
 
 # %% ../nbs/00_core.ipynb #08a481c1
 def seed_everything(seed: int) -> None:
-    "Seed Python's, torch's (all devices) and, if installed, NumPy's generators."
+    """Seed Python's, torch's (all devices) and, if installed, NumPy's generators.
+    `seed` is any int >= 0; torch takes it modulo 2**64 and NumPy modulo 2**32."""
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
+    torch.manual_seed(seed % 2**64)  # also seeds every CUDA device
     try:
         import numpy as np
     except ImportError:
@@ -39,12 +40,16 @@ def seed_everything(seed: int) -> None:
 # %% ../nbs/00_core.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
     "A tensor's shape written as a plain tuple, e.g. `(3, 4)`."
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     return str(tuple(x.shape))
 
 
 def check_tensor(x, name: str, *, min_dim: int = 0,
                  floating: bool = False) -> torch.Tensor:
     "`x` if it is a tensor with `min_dim`+ dims (floating when asked); else raise."
+    if not isinstance(min_dim, int) or isinstance(min_dim, bool):
+        raise TypeError(f"min_dim must be an int, got {min_dim!r}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if floating and not x.is_floating_point():
@@ -54,12 +59,24 @@ def check_tensor(x, name: str, *, min_dim: int = 0,
                          f"got shape {shape_str(x)}")
     return x
 
+# %% ../nbs/00_core.ipynb #30d847a9
+def _check_shapes(shapes) -> None:
+    "Raise unless each of `shapes` is a tuple (list, `torch.Size`) of ints >= 0."
+    for shape in shapes:
+        if not isinstance(shape, (tuple, list)) or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in shape):
+            raise TypeError(f"shapes must be tuples of ints, got {shape!r}")
+        if any(s < 0 for s in shape):
+            raise ValueError(f"shapes must hold sizes >= 0, got {shape!r}")
+
 # %% ../nbs/00_core.ipynb #93c8885d
 def broadcast_shape(*shapes) -> tuple[int, ...] | None:
-    "The shape that `shapes` broadcast to, or None when they do not broadcast."
+    """The shape that `shapes` (tuples, lists or `torch.Size`s of sizes >= 0) broadcast
+    to, or None when they do not broadcast; no shapes at all give `()`."""
     # Like torch.broadcast_shapes, which is written for tracing and costs tens of
     # microseconds per call: too much for a check that runs in every layer at every
     # generated token.
+    _check_shapes(shapes)
     out = []
     for i in range(1, max(map(len, shapes), default=0) + 1):
         size = 1

@@ -6,19 +6,30 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import random
+import re
 import string
 from pathlib import Path
 
 import torch
 
-from .core import check_positive_int, check_tensor, shape_str
+from .core import (check_choice, check_int, check_positive_int,
+                                  check_tensor, shape_str)
 from .embeddings import Tokenizer
 from .generation import generate
+from .model import Transformer
 
 # %% auto #0
 __all__ = ['MONTHS', 'WEEKDAYS', 'DATE_FORMATS', 'CASES', 'FIRST_DAY', 'LAST_DAY', 'number_words', 'ordinal_words',
            'ordinal_suffix', 'year_words', 'write_date', 'DateTask', 'shakespeare_plays', 'shakespeare_split',
            'char_windows']
+
+# %% ../nbs/91_data.ipynb #3165daf7
+def _int_in(value, name: str, low: int, high: int) -> int:
+    "`value` as a plain int if it is an int in `low..high`; else raise naming `name`."
+    value = check_int(value, name)
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in {low}..{high}, got {value}")
+    return value
 
 # %% ../nbs/91_data.ipynb #eb1ab693
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
@@ -30,8 +41,7 @@ _ORD = {"one": "first", "two": "second", "three": "third", "five": "fifth",
 
 def number_words(n: int) -> str:
     "0..99 in words: 7 → seven, 42 → forty-two."
-    if not 0 <= n <= 99:
-        raise ValueError(f"number_words covers 0..99, got {n}")
+    n = _int_in(n, "n", 0, 99)
     if n < 20:
         return _ONES[n]
     tens, ones = divmod(n, 10)
@@ -40,23 +50,23 @@ def number_words(n: int) -> str:
 
 def ordinal_words(n: int) -> str:
     "1..99 as an ordinal in words: 3 → third, 21 → twenty-first, 30 → thirtieth."
-    words = number_words(n)
+    words = number_words(_int_in(n, "n", 1, 99))
     head, _, last = words.rpartition("-")
     last = _ORD.get(last, last[:-1] + "ieth" if last.endswith("y") else last + "th")
     return f"{head}-{last}" if head else last
 
 
 def ordinal_suffix(n: int) -> str:
-    "n with its English suffix: 1st, 2nd, 3rd, 4th, 11th, 22nd."
-    teens = 10 <= n % 100 <= 20  # 11th, 12th, 13th
-    suffix = "th" if teens else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    "The int n with its English suffix: 1st, 2nd, 3rd, 4th, 11th, 22nd (and -1st)."
+    size = abs(check_int(n, "n"))
+    teens = 10 <= size % 100 <= 20  # 11th, 12th, 13th
+    suffix = "th" if teens else {1: "st", 2: "nd", 3: "rd"}.get(size % 10, "th")
     return f"{n}{suffix}"
 
 
 def year_words(y: int) -> str:
     "A year 1000..2999 as spoken: 1909 → nineteen oh nine, 2100 → twenty-one hundred."
-    if not 1000 <= y <= 2999:
-        raise ValueError(f"year_words covers 1000..2999, got {y}")
+    y = _int_in(y, "y", 1000, 2999)
     if 2000 <= y <= 2009:
         return "two thousand" + ("" if y == 2000 else " and " + number_words(y - 2000))
     hi, lo = divmod(y, 100)
@@ -65,10 +75,10 @@ def year_words(y: int) -> str:
     return number_words(hi) + (" oh " if lo < 10 else " ") + number_words(lo)
 
 # %% ../nbs/91_data.ipynb #72b3ab59
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
-          "September", "October", "November", "December"]
-WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
-            "Sunday"]
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+          "September", "October", "November", "December")
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+            "Sunday")
 
 
 def _month(d: dt.date) -> str:
@@ -102,18 +112,19 @@ CASES = ("as written", "lower", "upper")
 
 
 def write_date(d: dt.date, fmt: str, case: str = "as written") -> str:
-    "The date `d` in format `fmt` (a key of `DATE_FORMATS`) and letter case `case`."
-    if fmt not in DATE_FORMATS:
-        raise ValueError(f"unknown date format {fmt!r}; "
-                         f"choose from {list(DATE_FORMATS)}")
-    text = DATE_FORMATS[fmt](d)
+    """The date `d` in format `fmt` (a key of `DATE_FORMATS`) and letter case `case`
+    (one of `CASES`). Formats that spell the year out need a year in 1000..2999."""
+    if not isinstance(d, dt.date):
+        raise TypeError(f"d must be a datetime.date, got {type(d).__name__}")
+    check_choice(fmt, "fmt", tuple(DATE_FORMATS))
+    check_choice(case, "case", CASES)
+    try:
+        text = DATE_FORMATS[fmt](d)
+    except ValueError as e:  # a year that year_words cannot say
+        raise ValueError(f"d={d} cannot be written as {fmt!r}: {e}") from None
     if case == "lower":
         return text.lower()
-    if case == "upper":
-        return text.upper()
-    if case != "as written":
-        raise ValueError(f"unknown case {case!r}; choose from {CASES}")
-    return text
+    return text.upper() if case == "upper" else text
 
 # %% ../nbs/91_data.ipynb #7bf3bf4e
 FIRST_DAY, LAST_DAY = dt.date(1800, 1, 1), dt.date(2199, 12, 31)
@@ -127,8 +138,7 @@ class DateTask:
     target_chars = string.digits + "-"
 
     def __init__(self, n_test: int = 2000, seed: int = 0):
-        if not 0 < n_test < _N_DAYS // 2:
-            raise ValueError(f"n_test must be in (0, {_N_DAYS // 2}), got {n_test}")
+        n_test = _int_in(n_test, "n_test", 1, _N_DAYS // 2 - 1)
         rng = random.Random(seed)
         self.test_days = sorted(rng.sample(range(_N_DAYS), n_test))
         self._test_set = set(self.test_days)
@@ -143,7 +153,10 @@ class DateTask:
         return text, day.isoformat()
 
     def train_pairs(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
-        "`n` random (source, target) pairs whose dates are not test dates."
+        "`n` random (source, target) pairs whose dates are not test dates (n=0: none)."
+        n = check_int(n, "n", minimum=0)
+        if not isinstance(rng, random.Random):
+            raise TypeError(f"rng must be a random.Random, got {type(rng).__name__}")
         out = []
         while len(out) < n:
             i = rng.randrange(_N_DAYS)
@@ -152,7 +165,9 @@ class DateTask:
         return out
 
     def encode(self, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        "Source ids `(B, S)`, 0-padded; target ids `(B, 12)`: `<bos>` 10 chars `<eos>`."
+        """Source ids `(B, S)`, 0-padded; target ids `(B, 12)`: `<bos>` 10 chars `<eos>`.
+        `pairs` are B >= 1 (source text, ISO date) pairs."""
+        _check_pairs(pairs)
         src, _ = self.source_tok.encode_batch([s for s, _ in pairs])
         tgt, _ = self.target_tok.encode_batch([t for _, t in pairs], add_bos=True,
                                               add_eos=True)
@@ -160,7 +175,9 @@ class DateTask:
 
     def translate(self, model: torch.nn.Module, sources: list[str],
                   batch_size: int = 500) -> list[str]:
-        "Greedy translations by an encoder–decoder `model` (chapter 11), KV-cached."
+        """Greedy translations by an encoder–decoder `model` (chapter 11), KV-cached.
+        `sources` is a list of non-empty strings; an empty list gives []."""
+        _check_translate_args(self, model, sources, batch_size)
         out = []
         for i in range(0, len(sources), batch_size):
             chunk = [self.source_tok.encode(s) for s in sources[i : i + batch_size]]
@@ -172,10 +189,51 @@ class DateTask:
 
     def accuracy(self, model: torch.nn.Module,
                  pairs: list[tuple[str, str]] | None = None) -> float:
-        "Exact-match accuracy of greedy translations of `pairs` (default: test pairs)."
-        pairs = self.test_pairs if pairs is None else pairs
+        """Exact-match accuracy of greedy translations of `pairs` (default: test pairs);
+        `pairs`, if given, must hold at least one pair."""
+        pairs = self.test_pairs if pairs is None else _check_pairs(pairs)
         guesses = self.translate(model, [s for s, _ in pairs])
         return sum(g == t for g, (_, t) in zip(guesses, pairs)) / len(pairs)
+
+# %% ../nbs/91_data.ipynb #d4523694
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _check_pairs(pairs) -> list[tuple[str, str]]:
+    "`pairs` if it is a non-empty list of (source text, ISO date) pairs; else raise."
+    if not isinstance(pairs, (list, tuple)):
+        raise TypeError(f"pairs must be a list of (source, target) pairs, got "
+                        f"{type(pairs).__name__}")
+    if not pairs:
+        raise ValueError("pairs must hold at least one (source, target) pair, got none")
+    for i, pair in enumerate(pairs):
+        if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+                or not all(isinstance(t, str) for t in pair)):
+            raise TypeError(f"pairs[{i}] must be a (source, target) pair of strings, "
+                            f"got {pair!r}")
+        if not _ISO_DATE.fullmatch(pair[1]):
+            raise ValueError(f"pairs[{i}] has target {pair[1]!r}, not an ISO date "
+                             "YYYY-MM-DD")
+    return pairs
+
+
+def _check_translate_args(task: DateTask, model, sources, batch_size) -> None:
+    "Raise unless `model` fits `task` and `sources` is a list of non-empty strings."
+    if not isinstance(model, Transformer):
+        raise TypeError("model must be an encoder–decoder Transformer (chapter 11), "
+                        f"got {type(model).__name__}")
+    c, n_src, n_tgt = model.config, len(task.source_tok), len(task.target_tok)
+    if c.src_vocab_size < n_src or c.tgt_vocab_size < n_tgt:
+        raise ValueError(f"the model's vocabularies ({c.src_vocab_size} source, "
+                         f"{c.tgt_vocab_size} target tokens) are smaller than the "
+                         f"task's ({n_src}, {n_tgt})")
+    if not isinstance(sources, (list, tuple)):
+        raise TypeError(f"sources must be a list of strings, got {type(sources).__name__}")
+    for i, s in enumerate(sources):
+        if not isinstance(s, str) or not s:
+            raise (ValueError if s == "" else TypeError)(
+                f"sources must be non-empty strings, but sources[{i}] is {s!r}")
+    check_positive_int(batch_size, "batch_size")
 
 # %% ../nbs/91_data.ipynb #87f04335
 _POEMS = ("sonnets", "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle",
@@ -214,7 +272,9 @@ def char_windows(data: torch.Tensor,  # (N,) token ids of one long text
     context = check_positive_int(context, "context")
     batch_size = check_positive_int(batch_size, "batch_size")
     check_tensor(data, "data")
-    if data.dim() != 1 or len(data) <= context or data.is_floating_point():
+    if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
+        raise TypeError(f"data must be integer token ids, got dtype {data.dtype}")
+    if data.dim() != 1 or len(data) <= context:
         raise ValueError(f"data must be 1-D integer token ids, longer than "
                          f"context={context}, got {data.dtype} of shape "
                          f"{shape_str(data)}")

@@ -12,10 +12,50 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import check_positive_int, check_tensor, shape_str
+from .core import (check_flag, check_int, check_number,
+                                  check_positive_int, check_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']
+
+# %% ../nbs/02_embeddings.ipynb #84d4e193
+def _as_list(values, name: str, what: str) -> list:
+    "`values`, an iterable (of `what`), as a list; else raise naming `name`."
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(f"{name} must be an iterable of {what}, got "
+                        f"{type(values).__name__}") from None
+
+
+def _strings(values, name: str) -> list[str]:
+    "`values`, an iterable of strings, as a list; else raise naming `name`."
+    values = _as_list(values, name, "strings")
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must be strings, but {name}[{i}] is {v!r} "
+                            f"({type(v).__name__})")
+    return values
+
+
+def _id_list(ids, vocab_size: int) -> list[int]:
+    "`ids` (ints, or a 0-D/1-D integer tensor) as a list of ids in `[0, vocab_size)`."
+    if isinstance(ids, torch.Tensor):
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+        if ids.dim() > 1:
+            raise ValueError(f"ids must be 0-D or 1-D, got shape {shape_str(ids)}")
+        ids = ids.reshape(-1).tolist()
+    elif isinstance(ids, (str, bytes)):
+        raise TypeError(f"ids must be token ids (ints), got {type(ids).__name__}")
+    ids = _as_list(ids, "ids", "ints")
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"ids must be ints, got {i!r} ({type(i).__name__})")
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"token id {i!r} is outside the vocabulary of "
+                             f"{vocab_size} tokens (ids 0..{vocab_size - 1})")
+    return ids
 
 # %% ../nbs/02_embeddings.ipynb #e63a56ca
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0-3 in every vocabulary
@@ -31,6 +71,7 @@ class Vocabulary:
                  lowercase: bool = False):  # fold text to lower case before splitting
         if level not in ("word", "char"):
             raise ValueError(f"level must be 'word' or 'char', got {level!r}")
+        tokens = _strings(tokens, "tokens")  # one str: its characters
         self.level, self.lowercase = level, lowercase
         self.itos: list[str] = list(SPECIAL_TOKENS)
         for tok in tokens:
@@ -41,9 +82,12 @@ class Vocabulary:
     @classmethod
     def from_texts(cls, texts: Iterable[str], level: str = "word",
                    lowercase: bool = False, min_freq: int = 1):
-        "From `texts`: tokens seen at least `min_freq` times, most frequent first."
+        """From `texts`: tokens seen at least `min_freq` times, most frequent first.
+        No texts (or none with a token that frequent) give the specials alone."""
         if isinstance(texts, str):
             raise TypeError("texts must be an iterable of strings, not one string")
+        texts = _strings(texts, "texts")
+        min_freq = check_positive_int(min_freq, "min_freq")
         probe = cls([], level, lowercase)
         counts = Counter(tok for text in texts for tok in probe.split(text))
         kept = sorted((t for t, n in counts.items() if n >= min_freq),
@@ -79,12 +123,9 @@ class Tokenizer(Vocabulary):
 
     def decode(self, ids: Iterable[int] | torch.Tensor,
                skip_special: bool = True) -> str:
-        "Text of `ids`; drops specials (not `<unk>`) unless `skip_special=False`."
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(self)]
-        if bad:
-            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary of "
-                             f"{len(self)} tokens (ids 0..{len(self) - 1})")
+        """Text of `ids`; drops specials (not `<unk>`) unless `skip_special=False`.
+        No ids give the empty string."""
+        ids = _id_list(ids, len(self))
         toks = [self.itos[i] for i in ids
                 if not (skip_special and i != self.unk_id and i < len(SPECIAL_TOKENS))]
         if self.level == "char":
@@ -94,9 +135,13 @@ class Tokenizer(Vocabulary):
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
                      add_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        "Ids `(B, T)`, right-padded with `pad_id`, and each text's length `(B,)`."
-        if isinstance(texts, str) or not len(texts):
-            raise ValueError("encode_batch needs a non-empty sequence of strings")
+        """Ids `(B, T)`, right-padded with `pad_id`, and each text's length `(B,)`.
+        `texts` must hold at least one string (else ValueError)."""
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not one string")
+        texts = _strings(texts, "texts")
+        if not texts:
+            raise ValueError("texts must be a non-empty sequence of strings, got none")
         seqs = [self.encode(t, add_bos, add_eos) for t in texts]
         lengths = torch.tensor([len(s) for s in seqs])
         ids = torch.full((len(seqs), int(lengths.max())), self.pad_id, dtype=torch.long)
@@ -108,8 +153,9 @@ class Tokenizer(Vocabulary):
 def check_token_ids(ids: torch.Tensor, vocab_size: int,
                     name: str = "token ids") -> torch.Tensor:
     """Return `ids` if it is an integer tensor with every id in `[0, vocab_size)`; else
-    raise naming the first bad id."""
+    raise naming the first bad id. An empty `ids` passes."""
     check_tensor(ids, name)
+    vocab_size = check_positive_int(vocab_size, "vocab_size")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor (torch.long), "
                         f"got dtype {ids.dtype}")
@@ -122,6 +168,19 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int,
                              f"{int(ids[where])} (shape {shape_str(ids)})")
     return ids
 
+# %% ../nbs/02_embeddings.ipynb #020dcc9d
+def _check_embedding_args(vocab_size, d_model, padding_idx, scale, init_std):
+    "`TokenEmbedding`'s sizes, padding row and init std, checked, as plain numbers."
+    vocab_size = check_positive_int(vocab_size, "vocab_size")
+    d_model = check_positive_int(d_model, "d_model")
+    if padding_idx is not None:
+        padding_idx = check_int(padding_idx, "padding_idx", minimum=0)
+        if padding_idx >= vocab_size:
+            raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary "
+                             f"of {vocab_size}")
+    check_flag(scale, "scale")
+    return vocab_size, d_model, padding_idx, check_number(init_std, "init_std", low=0)
+
 # %% ../nbs/02_embeddings.ipynb #a3248466
 class TokenEmbedding(nn.Module):
     "Ids `(..., T)` → vectors `(..., T, C)`: rows of a learned `(vocab_size, C)` table."
@@ -133,11 +192,8 @@ class TokenEmbedding(nn.Module):
                  scale: bool = False,  # multiply by sqrt(d_model), as the original did
                  init_std: float = 0.02):  # standard deviation of the initial rows
         super().__init__()
-        check_positive_int(vocab_size, "vocab_size")
-        check_positive_int(d_model, "d_model")
-        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary "
-                             f"of {vocab_size}")
+        vocab_size, d_model, padding_idx, init_std = _check_embedding_args(
+            vocab_size, d_model, padding_idx, scale, init_std)
         self.vocab_size, self.d_model = vocab_size, d_model
         self.padding_idx, self.scale = padding_idx, scale
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # E: (|V|, C)

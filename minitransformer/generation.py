@@ -3,35 +3,51 @@
 # %% ../nbs/12_generation.ipynb #95ed2390
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .core import (
-    check_positive_int, check_probability, check_tensor, shape_str)
+    check_flag, check_int, check_number, check_positive_int, check_probability,
+    check_tensor, shape_str)
 from .model import GPT, Transformer
 
 # %% auto #0
 __all__ = ['sample_next', 'generate']
 
 # %% ../nbs/12_generation.ipynb #555c941e
+def _check_sampling(temperature, top_k, top_p, generator) -> float:
+    "Check the sampling options; return the temperature as a float."
+    if top_k is not None:
+        check_positive_int(top_k, "top_k")
+    if top_p is not None:
+        check_probability(top_p, "top_p", allow_zero=False)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got "
+                        f"{type(generator).__name__}")
+    return check_number(temperature, "temperature", low=0)
+
+
 def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
                 temperature: float = 1.0,  # 0: greedy; < 1 sharper; > 1 flatter
                 top_k: int | None = None,  # keep only the k most likely tokens
                 top_p: float | None = None,  # the fewest tokens whose mass reaches p
                 generator: torch.Generator | None = None,  # for reproducible sampling
                 ) -> torch.Tensor:  # (B,) token ids
-    "Each row's next token: the argmax if `temperature == 0`, else a filtered draw."
+    """Each row's next token: the argmax if `temperature == 0`, else a filtered draw.
+    Every row needs a finite largest score (NaN, +inf or all -inf raise)."""
+    temperature = _check_sampling(temperature, top_k, top_p, generator)
     check_tensor(logits, "logits", floating=True)
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be (B, V), got shape {shape_str(logits)}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None:
-        check_positive_int(top_k, "top_k")
-    if top_p is not None:
-        check_probability(top_p, "top_p", allow_zero=False)
+    if logits.dim() != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must be (B, V), V >= 1, got shape {shape_str(logits)}")
+    top = logits.amax(-1, keepdim=True)  # (B, 1)
+    if not torch.isfinite(top).all():  # one small transfer: NaN would sample garbage
+        raise ValueError("logits must have a finite largest score in every row, got "
+                         "NaN, +inf or a row of -inf")
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    # scores <= 0 cannot overflow; a float32 divisor must not round to 0 for tiny t
+    logits = (logits.float() - top) / max(temperature, torch.finfo(torch.float32).tiny)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): k-th largest score
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -47,16 +63,25 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 # %% ../nbs/12_generation.ipynb #3a1ec161
-def _as_rows(prompts, name: str) -> list[list[int]]:
+def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
+    "`prompts` as B non-empty lists of ids in [0, vocab_size); else raise naming it."
     if isinstance(prompts, torch.Tensor):
-        if prompts.dim() != 2:
-            raise ValueError(f"{name} as a tensor must be (B, T), got shape "
-                             f"{shape_str(prompts)}")
-        return prompts.tolist()
-    rows = [list(map(int, p)) for p in prompts]
-    if not rows or any(len(r) == 0 for r in rows):
-        raise ValueError(f"{name} must be a non-empty list of non-empty token-id lists")
-    return rows
+        if prompts.dim() != 2 or prompts.is_floating_point():
+            raise ValueError(f"{name} as a tensor must be integer (B, T), got "
+                             f"{prompts.dtype} of shape {shape_str(prompts)}")
+        prompts = prompts.tolist()
+    ok = isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(
+        isinstance(p, (list, tuple)) and len(p) > 0 for p in prompts)
+    if not ok:
+        raise ValueError(f"{name} must be B >= 1 non-empty lists of token ids (one per "
+                         f"row), got {prompts!r:.60}")
+    for p in prompts:
+        for i in p:
+            if (not isinstance(i, numbers.Integral) or isinstance(i, bool)
+                    or not 0 <= i < vocab_size):
+                raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), "
+                                 f"got {i!r}")
+    return [[int(i) for i in p] for p in prompts]
 
 
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
@@ -88,23 +113,27 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     on the left, with positions counted from each row's first real token and the
     padding masked, so each row gets exactly the tokens it would get alone."""
     if not isinstance(model, (GPT, Transformer)):
-        raise TypeError("generate takes a GPT or a Transformer, got "
+        raise TypeError(f"model must be a GPT or a Transformer, got "
                         f"{type(model).__name__}")
+    _check_sampling(temperature, top_k, top_p, generator)
+    check_flag(use_cache, "use_cache")
+    if stop_token is not None:
+        check_int(stop_token, "stop_token")
     encdec = isinstance(model, Transformer)
     if encdec != (source is not None):
         raise ValueError("an encoder–decoder model needs `source`; a decoder-only "
                          "model takes none")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    rows = _as_rows(prompts, "prompts")
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", minimum=0)
+    c = model.config
+    rows = _as_rows(prompts, "prompts", c.tgt_vocab_size if encdec else c.vocab_size)
     B, P, device = len(rows), max(map(len, rows)), next(model.parameters()).device
-    total = P + max_new_tokens
-    if total > model.config.max_len:
-        raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} = "
-                         f"{total} exceeds the model's max_len {model.config.max_len}")
+    total = P + max_new_tokens  # the last new token is never fed back
+    if max(P, total - 1) > c.max_len:
+        raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} - 1 = "
+                         f"{total - 1} tokens exceed the model's max_len {c.max_len}")
     ids, real, positions = _left_padded(rows, total, model.config.pad_id, device)
     if encdec:
-        src_rows = _as_rows(source, "source")
+        src_rows = _as_rows(source, "source", c.src_vocab_size)
         if len(src_rows) != B:
             raise ValueError(f"{B} prompts but {len(src_rows)} sources")
         S = max(map(len, src_rows))

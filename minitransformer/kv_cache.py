@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import check_positive_int, shape_str
+from .core import check_int, check_positive_int, check_tensor, shape_str
 from .layers import Decoder
 
 # %% auto #0
@@ -27,6 +27,8 @@ class KVCache:
         for name, n in (("batch_size", batch_size), ("n_heads", n_heads),
                         ("max_len", max_len), ("head_dim", head_dim)):
             check_positive_int(n, name)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         shape = (batch_size, n_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H, max_len, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -60,7 +62,7 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         "Forget every position from `length` on (the buffers are kept)."
-        if not 0 <= length <= self.length:
+        if check_int(length, "length", minimum=0) > self.length:
             raise ValueError(f"length must be in [0, {self.length}], got {length}")
         self.length = length
 
@@ -81,6 +83,7 @@ def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
     "Raise unless new keys `k` and values `v` `(B, H, T, D)` fit a cache `buffer`."
     B, H, _, D = buffer.shape
     for t, name in ((k, "k"), (v, "v")):
+        check_tensor(t, name)
         if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H, D):
             raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache "
                              f"of (B, H, max_len, D) = {shape_str(buffer)}")
@@ -92,6 +95,18 @@ def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                          "same number of positions")
 
 # %% ../nbs/10_kv_cache.ipynb #3f958e4a
+def _check_memory(memory, cache: KVCache, d_model: int) -> None:
+    "Raise unless `memory` `(B, S, C)` fits a cross-attention cache."
+    check_tensor(memory, "memory", floating=True)
+    B, _, S_max, _ = cache.k.shape
+    if memory.dim() != 3 or memory.shape[0] != B or memory.shape[-1] != d_model:
+        raise ValueError(f"memory must be (B, S, C) = ({B}, S, {d_model}) for this "
+                         f"cache and decoder, got {shape_str(memory)}")
+    if not 1 <= memory.shape[1] <= S_max:
+        raise ValueError(f"memory holds {memory.shape[1]} positions, but the cache was "
+                         f"allocated for source_len={S_max}")
+
+
 @dataclass
 class DecoderCache:
     """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for
@@ -100,12 +115,27 @@ class DecoderCache:
     self_attn: list[KVCache]
     cross_attn: list[KVCache] | None = None
 
+    def __post_init__(self):
+        for name in ("self_attn", "cross_attn"):
+            caches = getattr(self, name)
+            if caches is None and name == "cross_attn":
+                continue
+            if (not isinstance(caches, list) or not caches
+                    or not all(isinstance(c, KVCache) for c in caches)):
+                raise TypeError(f"{name} must be a non-empty list of KVCache, one per "
+                                f"layer, got {caches!r:.80}")
+        if self.cross_attn is not None and len(self.cross_attn) != len(self.self_attn):
+            raise ValueError(f"cross_attn has {len(self.cross_attn)} caches for "
+                             f"{len(self.self_attn)} layers")
+
     @classmethod
     def allocate(cls, n_layers: int, batch_size: int, n_heads: int, max_len: int,
                  head_dim: int, source_len: int | None = None, device=None,
                  dtype: torch.dtype = torch.float32) -> DecoderCache:
         "Empty caches for every layer; cross-attention ones of `source_len` if given."
         check_positive_int(n_layers, "n_layers")
+        if source_len is not None:
+            check_positive_int(source_len, "source_len")
         kw = dict(device=device, dtype=dtype)
         self_attn = [KVCache(batch_size, n_heads, max_len, head_dim, **kw)
                      for _ in range(n_layers)]
@@ -118,6 +148,8 @@ class DecoderCache:
     def for_decoder(cls, decoder: Decoder, batch_size: int, max_len: int,
                     source_len: int | None = None) -> DecoderCache:
         "Empty caches shaped for `decoder`, on its device and in its dtype."
+        if not isinstance(decoder, Decoder):
+            raise TypeError(f"decoder must be a Decoder, got {type(decoder).__name__}")
         if decoder.cross_attention != (source_len is not None):
             raise ValueError("a decoder with cross-attention needs source_len, the "
                              "length of the encoder output; one without takes none")
@@ -133,8 +165,14 @@ class DecoderCache:
         if any(len(c) for c in self.cross_attn):
             raise ValueError("the cross-attention caches are already filled; "
                              "reset() to start over")
-        for layer, c in zip(decoder.layers, self.cross_attn):
-            c.update(*layer.cross_attn.context_keys_values(memory))
+        _check_memory(memory, self.cross_attn[0], decoder.layers[0].cfg.d_model)
+        try:
+            for layer, c in zip(decoder.layers, self.cross_attn):
+                c.update(*layer.cross_attn.context_keys_values(memory))
+        except Exception:  # all or nothing: no layer stays filled
+            for c in self.cross_attn:
+                c.reset()
+            raise
 
     def __len__(self) -> int:
         "Tokens processed so far (every layer's self-attention cache holds as many)."

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from .core import (
-    check_choice, check_dropout, check_flag, check_number, check_positive_int,
-    check_tensor, shape_str)
+    broadcast_shape, check_bool_mask, check_choice, check_dropout, check_flag,
+    check_number, check_positive_int, check_tensor, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, default_positions
 
@@ -24,10 +24,12 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
-        self.d_model, self.eps = d_model, eps
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.eps = check_number(eps, "eps", low=0, low_open=True)
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width(x, "x", self.d_model)
         xf = x.float()  # the mean of squares in float32 also under bfloat16
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.float()).to(x.dtype)
@@ -42,11 +44,20 @@ NORMS = ("layernorm", "rmsnorm")
 def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=None,
               dtype=None) -> nn.Module:
     "A `layernorm` (with or without its shift) or an `rmsnorm` of width `d_model`."
+    check_choice(kind, "kind", NORMS)
+    d_model = check_positive_int(d_model, "d_model")
+    eps, bias = check_number(eps, "eps", low=0, low_open=True), check_flag(bias, "bias")
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
-    if kind == "rmsnorm":
-        return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
-    raise ValueError(f"unknown norm {kind!r}; choose from {NORMS}")
+    return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
+
+
+def _check_width(x, name: str, width: int) -> None:
+    "Raise unless `x` is a floating tensor `(..., width)`."
+    check_tensor(x, name, min_dim=1, floating=True)
+    if x.shape[-1] != width:
+        raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}), "
+                         f"expected {width}")
 
 # %% ../nbs/09_layers.ipynb #a9308ebe
 @dataclass(frozen=True, kw_only=True)
@@ -98,11 +109,21 @@ class LayerConfig:
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
 
 # %% ../nbs/09_layers.ipynb #f67e0a18
+def _autocast_on(device_type: str) -> bool:
+    "Whether autocast is on for this device type (then dtypes may differ on purpose)."
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
 class _Sublayers(nn.Module):
     "Shared wiring: residual + norm around each sublayer, pre- or post-norm."
 
     def __init__(self, cfg: LayerConfig):
         super().__init__()
+        if not isinstance(cfg, LayerConfig):
+            raise TypeError(f"cfg must be a LayerConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -121,6 +142,10 @@ class _Sublayers(nn.Module):
         if x.shape[-1] != self.cfg.d_model:
             raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) "
                              f"but the layer has d_model={self.cfg.d_model}")
+        dtype = self.ff_norm.weight.dtype
+        if x.dtype != dtype and not _autocast_on(x.device.type):
+            raise TypeError(f"{name} has dtype {x.dtype}, but the layer's weights are "
+                            f"{dtype}: convert one with .to()")
 
 
 class EncoderLayer(_Sublayers):
@@ -144,6 +169,18 @@ class EncoderLayer(_Sublayers):
         return self._residual(x, self.ff_norm, self.ff)
 
 # %% ../nbs/09_layers.ipynb #f1cab049
+def _check_memory_mask(memory_mask, x: torch.Tensor, memory) -> None:
+    "Raise unless `memory_mask` is None or a bool mask over the memory's S positions."
+    if memory_mask is None:
+        return
+    check_bool_mask(memory_mask, "memory_mask")
+    S = memory.shape[-2] if isinstance(memory, torch.Tensor) else len(memory)
+    want = (x.shape[0], 1, x.shape[-2], S)
+    if memory_mask.dim() > 4 or broadcast_shape(memory_mask.shape, want) is None:
+        raise ValueError(f"memory_mask of shape {shape_str(memory_mask)} does not "
+                         f"broadcast to (B, H, T, S) = ({want[0]}, H, {want[2]}, {S})")
+
+
 class DecoderLayer(_Sublayers):
     """Masked self-attention, cross-attention over `memory` (the encoder output), then
     feed-forward: `(B, T, C) → (B, T, C)`. With `cross_attention=False`, a GPT block.
@@ -180,6 +217,9 @@ class DecoderLayer(_Sublayers):
         if self.cross_attn is not None and (memory is None) == (cross_cache is None):
             raise ValueError("this DecoderLayer needs the encoder output `memory` or a "
                              "cross_cache filled from it: exactly one of the two")
+        if memory is not None:
+            self._check_x(memory, "memory")
+        _check_memory_mask(memory_mask, x, cross_cache if memory is None else memory)
         x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
             h, mask=mask, positions=positions, cache=self_cache))
         if self.cross_attn is not None:
@@ -221,6 +261,20 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 # %% ../nbs/09_layers.ipynb #4b487aef
+def _check_cache_shape(caches: list, layer: nn.Module, x: torch.Tensor) -> None:
+    "Raise unless every cache was allocated for this stack, batch and dtype."
+    attn = layer.self_attn
+    want = (x.shape[0], attn.n_heads, attn.head_dim, layer.ff_norm.weight.dtype)
+    for c in caches:
+        if c is None:
+            continue
+        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype)
+        if got != want:
+            raise ValueError(f"cache was allocated for (batch, heads, head width, "
+                             f"dtype) = {got}, but this call needs {want}: make it "
+                             "with the model's make_cache")
+
+
 class Decoder(nn.Module):
     """`n_layers` decoder layers and, for pre-norm, a final norm:
     `(B, T, C) → (B, T, C)`.
@@ -257,6 +311,8 @@ class Decoder(nn.Module):
         if len(self_caches) != n or len(cross_caches) != n:
             raise ValueError(f"the cache has {len(self_caches)} layers' caches for a "
                              f"stack of {len(self.layers)} layers")
+        if cache is not None:
+            _check_cache_shape(self_caches + list(cross_caches), self.layers[0], x)
         try:
             for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
                 x = layer(x, memory, mask, memory_mask, angles, sc, cc)

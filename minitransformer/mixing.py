@@ -5,22 +5,33 @@ from __future__ import annotations
 
 import torch
 
-from .core import check_tensor, shape_str
+from .core import broadcast_shape, check_number, check_tensor, shape_str
 
 # %% auto #0
 __all__ = ['softmax', 'check_attention_weights', 'mix']
+
+# %% ../nbs/01_mixing.ipynb #9357637d
+def _check_softmax_args(scores, dim) -> None:
+    "Raise unless `scores` is a floating tensor and `dim` one of its dims (-1, 0 if 0-d)."
+    check_tensor(scores, "scores", floating=True)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"dim must be an int, got {dim!r}")
+    n = max(scores.dim(), 1)  # a 0-d tensor has one usable dim, as in torch
+    if not -n <= dim < n:
+        raise ValueError(f"dim {dim} is out of range for scores of shape "
+                         f"{shape_str(scores)}")
 
 # %% ../nbs/01_mixing.ipynb #a10958b3
 def softmax(
     scores: torch.Tensor,  # real-valued scores; any shape
     dim: int = -1,  # the dimension that becomes a probability distribution
 ) -> torch.Tensor:  # weights >= 0, summing to 1 along `dim` (0 if all scores are -inf)
-    ("Numerically stable softmax along `dim`; "
-     "a slice whose scores are all `-inf` becomes all zeros.")
-    check_tensor(scores, "scores", floating=True)
-    if not -scores.dim() <= dim < max(scores.dim(), 1):
-        raise ValueError(f"dim {dim} is out of range for scores of shape "
-                         f"{shape_str(scores)}")
+    ("Numerically stable softmax along `dim`; a slice whose scores are all `-inf` "
+     "becomes all zeros. A 0-d `scores` gives 1 (0 if it is `-inf`), as in torch; "
+     "an empty one gives an empty tensor of its shape.")
+    _check_softmax_args(scores, dim)
+    if scores.numel() == 0:
+        return torch.empty_like(scores)
     x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     top = x.amax(dim=dim, keepdim=True)
     # a slice that is all -inf: use 0 as its top, to avoid -inf - -inf = NaN
@@ -37,8 +48,10 @@ def check_attention_weights(
     atol: float = 1e-4,  # tolerance for the row sums
 ) -> torch.Tensor:
     ("Return `weights` if no entry is negative and every row sums to 1 within `atol`; "
-     "else raise naming the row.")
+     "else raise naming the row. Rows of no weights (S = 0) sum to 0, so they fail; "
+     "no rows at all pass.")
     check_tensor(weights, "weights", min_dim=1, floating=True)
+    atol = check_number(atol, "atol", low=0)
     w = weights.detach()
     if w.isnan().any():
         bad = tuple(torch.nonzero(w.isnan())[0].tolist())
@@ -58,6 +71,23 @@ def check_attention_weights(
                          f"(weights shape {shape_str(weights)})")
     return weights
 
+# %% ../nbs/01_mixing.ipynb #0e99897d
+def _check_mix_args(weights, values) -> None:
+    "Raise unless `weights` `(..., T, S)` or `(S,)` and `values` `(..., S, Dv)` fit."
+    check_tensor(weights, "weights", min_dim=1, floating=True)
+    check_tensor(values, "values", min_dim=2, floating=True)
+    if weights.dtype != values.dtype or weights.device != values.device:
+        raise TypeError(f"weights and values must share a dtype and device, got "
+                        f"{weights.dtype} on {weights.device} and {values.dtype} "
+                        f"on {values.device}")
+    if weights.shape[-1] != values.shape[-2]:
+        raise ValueError(f"weights {shape_str(weights)} give {weights.shape[-1]} "
+                         f"weights per query but values {shape_str(values)} hold "
+                         f"{values.shape[-2]} value vectors; they must match")
+    if broadcast_shape(weights.shape[:-2], values.shape[:-2]) is None:
+        raise ValueError(f"the batch dims of weights {shape_str(weights)} and values "
+                         f"{shape_str(values)} do not broadcast")
+
 # %% ../nbs/01_mixing.ipynb #caade79b
 def mix(
     weights: torch.Tensor,  # (..., T, S) attention weights, or (S,) for a single query
@@ -65,12 +95,7 @@ def mix(
     check: bool = True,  # verify weights >= 0 and rows sum to 1 (a pass over them)
 ) -> torch.Tensor:  # (..., T, Dv), or (Dv,) for a single query
     "Each query's output is the weighted sum of the value vectors: `O = A @ V`."
-    check_tensor(weights, "weights", min_dim=1, floating=True)
-    check_tensor(values, "values", min_dim=2, floating=True)
-    if weights.shape[-1] != values.shape[-2]:
-        raise ValueError(f"weights {shape_str(weights)} give {weights.shape[-1]} "
-                         f"weights per query but values {shape_str(values)} hold "
-                         f"{values.shape[-2]} value vectors; they must match")
+    _check_mix_args(weights, values)
     if check:
         check_attention_weights(weights)
     return weights @ values  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)

@@ -11,9 +11,9 @@ from torch import nn
 from .core import (
     check_bool_mask, check_choice, check_flag, check_int, check_number,
     check_positive_int, check_tensor, shape_str)
-from .embeddings import TokenEmbedding
+from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache
-from .layers import Decoder, Encoder, LayerConfig
+from .layers import Decoder, Encoder, LayerConfig, _autocast_on
 from .masks import causal_mask
 from .multihead import default_positions
 from .positions import (
@@ -73,14 +73,36 @@ class _Embed(nn.Module):
         return self.drop(x)
 
 # %% ../nbs/11_model.ipynb #7f5bef0e
-def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int, int]:
-    check_tensor(ids, name)
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must be (B, T) token ids, got shape {shape_str(ids)}")
+def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0,
+         vocab_size: int | None = None) -> tuple[int, int]:
+    "`(B, T)` of token ids `(B, T)`, B, T >= 1, checked (values too, given vocab_size)."
+    if vocab_size is None:
+        check_tensor(ids, name)
+    else:  # also the ids' values, under the argument's name
+        check_token_ids(ids, vocab_size, name)
+    if ids.dim() != 2 or 0 in ids.shape or ids.is_floating_point():
+        raise ValueError(f"{name} must be (B, T) integer token ids with B, T >= 1, got "
+                         f"{ids.dtype} of shape {shape_str(ids)}")
     if past + ids.shape[1] > max_len:
         raise ValueError(f"{past} earlier + {ids.shape[1]} new tokens exceed the "
                          f"model's max_len {max_len}")
     return ids.shape
+
+
+def _check_positions(positions, B: int, T: int) -> None:
+    "Raise unless `positions` is None or integer `(T,)` / `(B, T)`."
+    if positions is None:
+        return
+    check_tensor(positions, "positions")
+    if (positions.is_floating_point() or positions.dtype == torch.bool
+            or tuple(positions.shape) not in ((T,), (B, T))):
+        raise ValueError(f"positions must be integer (T,) = ({T},) or (B, T) = ({B}, "
+                         f"{T}), got {positions.dtype} of shape {shape_str(positions)}")
+
+
+def _check_config(config, cls: type) -> None:
+    if not isinstance(config, cls):
+        raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}")
 
 
 def _real_tokens(mask: torch.Tensor, name: str, B: int, S: int) -> torch.Tensor:
@@ -97,6 +119,8 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     """Self-attention mask of T new tokens after `past` cached ones: causal AND
     `attention_mask` `(B, past + T)` (True = real token), or `full_attention_mask`
     `(..., T, past + T)` as given."""
+    B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
+    past = check_int(past, "past", minimum=0)
     if full_attention_mask is not None:
         if attention_mask is not None:
             raise ValueError("give attention_mask (real tokens) or "
@@ -137,6 +161,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        _check_config(config, GPTConfig)
         self.config = c = config
         rotary = (RotaryEmbedding(c.head_dim, c.max_len, c.rope_base)
                   if c.position_encoding == "rotary" else None)
@@ -157,7 +182,8 @@ class GPT(nn.Module):
                 full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
                 ) -> torch.Tensor:  # (B, T, V) logits
         past = 0 if cache is None else len(cache)
-        B, T = _ids(ids, "ids", self.config.max_len, past)
+        B, T = _ids(ids, "ids", self.config.max_len, past, self.config.vocab_size)
+        _check_positions(positions, B, T)
         if positions is None:
             positions = default_positions(past, T, ids.device)
         mask = decoder_mask(B, T, past, attention_mask, full_attention_mask, ids.device)
@@ -167,8 +193,9 @@ class GPT(nn.Module):
 
     def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
         "Empty caches for every block, on the model's device and in its dtype."
-        return DecoderCache.for_decoder(self.decoder, batch_size,
-                                        max_len or self.config.max_len)
+        max_len = (self.config.max_len if max_len is None
+                   else check_positive_int(max_len, "max_len"))
+        return DecoderCache.for_decoder(self.decoder, batch_size, max_len)
 
 # %% ../nbs/11_model.ipynb #b13d9b97
 @dataclass(frozen=True, kw_only=True)
@@ -192,11 +219,22 @@ class TransformerConfig(TextConfig):
     _encodings = ("learned", "sinusoidal")  # rotary would need rotary cross-attention
 
 # %% ../nbs/11_model.ipynb #42a88a50
+def _check_memory(memory, B: int, d_model: int, required: bool = False) -> None:
+    "Raise unless `memory` is None (when allowed) or an encoder output `(B, S, C)`."
+    if memory is None and not required:
+        return
+    check_tensor(memory, "memory", floating=True)
+    if memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != d_model:
+        raise ValueError(f"memory must be the encoder output (B, S, C) = ({B}, S, "
+                         f"{d_model}), got shape {shape_str(memory)}")
+
+
 class Transformer(nn.Module):
     "Encoder–decoder: source `(B, S)` and target ids `(B, T)` → logits `(B, T, V_tgt)`."
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        _check_config(config, TransformerConfig)
         self.config = c = config
         embed = lambda vocab: _Embed(vocab, c.d_model, c.max_len, c.position_encoding,
                                      c.dropout, c.pad_id)
@@ -210,7 +248,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None):
         "Encoder output `(B, S, C)` and real-token mask `(B, S)` (default: not pad)."
-        B, S = _ids(src, "src", self.config.max_len)
+        B, S = _ids(src, "src", self.config.max_len, 0, self.config.src_vocab_size)
         if attention_mask is None:
             attention_mask = src != self.config.pad_id
         mask = _real_tokens(attention_mask, "attention_mask", B, S)  # (B, 1, 1, S)
@@ -226,7 +264,9 @@ class Transformer(nn.Module):
                cache: DecoderCache | None = None,  # from make_cache(memory)
                ) -> torch.Tensor:  # (B, T, V_tgt)
         past = 0 if cache is None else len(cache)
-        B, T = _ids(tgt, "tgt", self.config.max_len, past)
+        B, T = _ids(tgt, "tgt", self.config.max_len, past, self.config.tgt_vocab_size)
+        _check_positions(positions, B, T)
+        _check_memory(memory, B, self.config.d_model)
         if positions is None:
             positions = default_positions(past, T, tgt.device)
         mask = decoder_mask(B, T, past, attention_mask, device=tgt.device)
@@ -240,14 +280,18 @@ class Transformer(nn.Module):
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         "Teacher forcing: logits for every target position, given source and prefix."
         memory, source_mask = self.encode(src)
+        if tgt.shape[0] != src.shape[0]:
+            raise ValueError(f"src {shape_str(src)} and tgt {shape_str(tgt)} must have "
+                             "the same batch size B")
         return self.decode(tgt, memory, source_mask)
 
     def make_cache(self, memory: torch.Tensor,
                    max_len: int | None = None) -> DecoderCache:
         "Empty self-attention caches; cross-attention caches filled from `memory`."
-        check_tensor(memory, "memory", min_dim=3, floating=True)
-        cache = DecoderCache.for_decoder(self.decoder, memory.shape[0],
-                                         max_len or self.config.max_len,
+        _check_memory(memory, len(memory), self.config.d_model, required=True)
+        max_len = (self.config.max_len if max_len is None
+                   else check_positive_int(max_len, "max_len"))
+        cache = DecoderCache.for_decoder(self.decoder, memory.shape[0], max_len,
                                          source_len=memory.shape[1])
         cache.fill_cross_attention(self.decoder, memory)
         return cache
@@ -279,6 +323,7 @@ class EncoderClassifier(nn.Module):
 
     def __init__(self, config: EncoderClassifierConfig):
         super().__init__()
+        _check_config(config, EncoderClassifierConfig)
         self.config = c = config
         self.embed = _Embed(c.vocab_size, c.d_model, c.max_len + 1, c.position_encoding,
                             c.dropout, c.pad_id)
@@ -289,7 +334,7 @@ class EncoderClassifier(nn.Module):
 
     def forward(self, ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        B, T = _ids(ids, "ids", self.config.max_len)
+        B, T = _ids(ids, "ids", self.config.max_len, 0, self.config.vocab_size)
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         _real_tokens(keep, "attention_mask", B, T)
         x = self.embed.tok(ids)  # (B, T, C)
@@ -336,6 +381,7 @@ class VisionTransformer(nn.Module):
 
     def __init__(self, config: ViTConfig):
         super().__init__()
+        _check_config(config, ViTConfig)
         self.config = c = config
         self.patchify = nn.Conv2d(c.channels, c.d_model, kernel_size=c.patch_size,
                                   stride=c.patch_size)  # one linear map per patch
@@ -351,6 +397,9 @@ class VisionTransformer(nn.Module):
         if images.dim() != 4 or tuple(images.shape[1:]) != size:
             raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, "
                              f"{c.image_size}), got {shape_str(images)}")
+        if images.dtype != self.cls.dtype and not _autocast_on(images.device.type):
+            raise TypeError(f"images have dtype {images.dtype}, but the weights are "
+                            f"{self.cls.dtype}: convert one with .to()")
         x = self.patchify(images)  # (B, C, h, w): one C-vector per patch
         x = x.flatten(2).transpose(1, 2)  # (B, N, C), N = h·w patches
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + N, C)
@@ -360,4 +409,6 @@ class VisionTransformer(nn.Module):
 
 def count_parameters(model: nn.Module) -> int:
     "Number of distinct trainable parameters (a tied matrix counts once)."
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -8,7 +8,8 @@ from torch import nn
 
 from .attention import (
     attention_with_weights, scaled_dot_product_attention)
-from .core import check_dropout, check_positive_int, shape_str
+from .core import (
+    check_dropout, check_int, check_positive_int, check_tensor, shape_str)
 from .qkv import QKVProjection
 
 # %% auto #0
@@ -16,23 +17,44 @@ __all__ = ['split_heads', 'merge_heads', 'default_positions', 'HeadProjection', 
 
 # %% ../nbs/05_multihead.ipynb #d0e7ced5
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    "`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices."
+    """`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices.
+
+    A view of `x`; B may be several dimensions or none, and B or T may be 0."""
+    _check_split(x, n_heads)  # x a tensor (..., T, C); n_heads an int that divides C
     *lead, T, C = x.shape
-    if C % n_heads:
-        raise ValueError(f"the last dimension of x {shape_str(x)} ({C}) must be "
-                         f"divisible by n_heads ({n_heads})")
     x = x.view(*lead, T, n_heads, C // n_heads)  # (B, T, H, D)
     return x.transpose(-3, -2)  # (B, H, T, D)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     "`(B, H, T, D)` → `(B, T, H·D)`: the heads side by side (concatenated, not summed)."
+    _check_merge(x)  # x a tensor (..., H, T, D)
     *lead, H, T, D = x.shape
     return x.transpose(-3, -2).reshape(*lead, T, H * D)  # (B, T, H, D) -> (B, T, H·D)
 
+# %% ../nbs/05_multihead.ipynb #1b999dd8
+def _check_split(x, n_heads) -> None:
+    "Raise unless `x` is a tensor `(..., T, C)` and `n_heads` an int ≥ 1 dividing C."
+    check_tensor(x, "x")
+    if x.dim() < 2:
+        raise ValueError(f"x must be (..., T, C), got shape {shape_str(x)}")
+    check_positive_int(n_heads, "n_heads")
+    if x.shape[-1] % n_heads:
+        raise ValueError(f"the last dimension of x {shape_str(x)} ({x.shape[-1]}) "
+                         f"must be divisible by n_heads ({n_heads})")
+
+
+def _check_merge(x) -> None:
+    "Raise unless `x` is a tensor `(..., H, T, D)`."
+    check_tensor(x, "x")
+    if x.dim() < 3:
+        raise ValueError(f"x must be (..., H, T, D), got shape {shape_str(x)}")
+
 # %% ../nbs/05_multihead.ipynb #fd9462d7
 def default_positions(past: int, T: int, device=None) -> torch.Tensor:
-    "Positions `past, ..., past+T-1` of T new tokens after `past` earlier ones."
+    "Positions `past, ..., past+T-1` (int64) of T new tokens after `past` earlier ones."
+    check_int(past, "past", minimum=0)
+    check_int(T, "T", minimum=0)  # T = 0: no new tokens, an empty tensor
     return torch.arange(past, past + T, device=device)
 
 # %% ../nbs/05_multihead.ipynb #2d636ecd
@@ -47,6 +69,7 @@ class HeadProjection(nn.Module):
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
                  rotary: nn.Module | None = None, device=None, dtype=None):
         super().__init__()
+        check_positive_int(d_model, "d_model")
         check_positive_int(n_heads, "n_heads")
         if d_model % n_heads:
             divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
@@ -88,7 +111,13 @@ class HeadProjection(nn.Module):
 # %% ../nbs/05_multihead.ipynb #74704d67
 def _check_project_args(context, positions, cache, rotary) -> None:
     "Raise for the argument combinations `HeadProjection.project` does not serve."
+    if cache is not None and not hasattr(cache, "keys_values"):
+        raise TypeError("cache must be a KVCache (coming in chapter 10) or None, got "
+                        f"{type(cache).__name__}")
     if context is not None and not isinstance(context, torch.Tensor):  # a filled cache
+        if not hasattr(context, "keys_values"):
+            raise TypeError("context must be a tensor (B, S, C) or a filled KVCache, "
+                            f"got {type(context).__name__}")
         if cache is not None or positions is not None:
             raise ValueError("cross-attention over a filled cache (given as "
                              "`context`) takes no `cache` and no `positions`")
@@ -155,7 +184,8 @@ class MultiHeadAttention(HeadProjection):
         "A copy of `nn.MultiheadAttention`'s weights (ours is always batch-first)."
         if not isinstance(ref, nn.MultiheadAttention) or not ref._qkv_same_embed_dim:
             raise TypeError(f"from_torch takes an nn.MultiheadAttention whose keys and "
-                            f"values have its embed_dim, got {type(ref).__name__}")
+                            f"values have its embed_dim, got ref of type "
+                            f"{type(ref).__name__}")
         if ref.bias_k is not None or ref.add_zero_attn:
             raise ValueError("from_torch cannot copy add_bias_kv or add_zero_attn: "
                              "this module has no extra key/value rows")

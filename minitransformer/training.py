@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import tempfile
 import time
@@ -81,7 +82,7 @@ def sequence_loss(logits: torch.Tensor,  # (..., V)
                          f"{targets[bad][0].item()}")
     if not counted.any():  # torch would give NaN (a mean over nothing)
         return logits.sum() * 0.0
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(),
+    return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1),
                            ignore_index=ignore, label_smoothing=label_smoothing)
 
 # %% ../nbs/13_training.ipynb #7b6be3d9
@@ -97,7 +98,10 @@ class TrainLog:
 
     def record_step(self, loss: float, rate: float, seconds: float,
                     log_every: int) -> None:
-        self.losses.append(loss)
+        if not isinstance(loss, numbers.Real) or isinstance(loss, bool):
+            raise TypeError(f"loss must be a number (NaN too), got {loss!r}")
+        log_every = check_int(log_every, "log_every", minimum=0)
+        self.losses.append(float(loss))
         self.lrs.append(rate)
         if log_every and len(self.losses) % log_every == 0:
             mean = sum(self.losses[-log_every:]) / log_every
@@ -106,10 +110,18 @@ class TrainLog:
 
     def record_eval(self, step: int, seconds: float, metrics: dict,
                     verbose: bool) -> None:
-        self.evals.append((step, seconds, metrics))
+        self.evals.append((check_int(step, "step", minimum=0), seconds,
+                           _check_metrics(metrics)))
         if verbose:
             shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             print(f"  eval @ step {step}: {shown}")
+
+
+def _check_metrics(metrics, name: str = "metrics") -> dict:
+    if not isinstance(metrics, dict):
+        raise TypeError(f"{name} must be a dict of metrics, got "
+                        f"{type(metrics).__name__}")
+    return dict(metrics)
 
 
 class _Clock:
@@ -141,6 +153,9 @@ class WeightAverage:
     "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
 
     def __init__(self, params: list, decay: float, name: str = "decay"):
+        if isinstance(params, (nn.Module, torch.Tensor)):
+            raise TypeError(f"params must be a list of tensors (e.g. "
+                            f"list(model.parameters())), got {type(params).__name__}")
         self.params = list(params)
         for i, p in enumerate(self.params):
             check_tensor(p, f"params[{i}]", floating=True)
@@ -170,21 +185,15 @@ def _evaluate(model: nn.Module, eval_fn: Callable,
     "`eval_fn`'s metrics in eval mode; with `average`, also the averaged weights' ones."
     model.eval()
     try:
-        metrics = _check_metrics(eval_fn(model))
+        metrics = _check_metrics(eval_fn(model), "eval_fn's result")
         if average is not None:
             with average.swapped_in():
                 metrics |= {f"ema {k}": v
-                            for k, v in _check_metrics(eval_fn(model)).items()}
+                            for k, v in _check_metrics(eval_fn(model),
+                                                       "eval_fn's result").items()}
     finally:
         model.train()
     return metrics
-
-
-def _check_metrics(metrics) -> dict:
-    if not isinstance(metrics, dict):
-        raise TypeError(f"eval_fn must return a dict of metrics, got "
-                        f"{type(metrics).__name__}")
-    return dict(metrics)
 
 
 def _adamw(params: list, lr: float, betas: tuple,

@@ -67,8 +67,8 @@ def test_rejects_a_decay_outside_0_1():
 
 @pytest.mark.parametrize("kw,msg", [(dict(steps=-3), "steps must be an int >= 0"),
                                     (dict(steps=1.5), "steps must be an int >= 0"),
-                                    (dict(max_seconds=-1.0), "max_seconds must be >= 0"),
-                                    (dict(max_seconds=float("nan")), "max_seconds must be >= 0")])
+                                    (dict(max_seconds=-1.0), "max_seconds must be a finite number >= 0"),
+                                    (dict(max_seconds=float("nan")), "max_seconds must be a finite number >= 0")])
 def test_train_refuses_budgets_that_never_end(kw, msg):
     "These used to loop forever (the stop test read `steps` by truthiness)."
     lin = torch.nn.Linear(2, 1)

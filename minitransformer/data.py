@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .core import (check_choice, check_int, check_positive_int,
-                                  check_tensor, shape_str)
+from .core import (
+    check_choice, check_int, check_positive_int, check_tensor, shape_str)
 from .embeddings import Tokenizer
 from .generation import generate
 from .model import Transformer
@@ -230,9 +230,10 @@ def _check_translate_args(task: DateTask, model, sources, batch_size) -> None:
     if not isinstance(sources, (list, tuple)):
         raise TypeError(f"sources must be a list of strings, got {type(sources).__name__}")
     for i, s in enumerate(sources):
-        if not isinstance(s, str) or not s:
-            raise (ValueError if s == "" else TypeError)(
-                f"sources must be non-empty strings, but sources[{i}] is {s!r}")
+        if not isinstance(s, str):
+            raise TypeError(f"sources must be strings, but sources[{i}] is {s!r}")
+        if not s:
+            raise ValueError(f"sources[{i}] is empty; a source needs a character")
     check_positive_int(batch_size, "batch_size")
 
 # %% ../nbs/91_data.ipynb #87f04335

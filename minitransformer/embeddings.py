@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import (check_flag, check_int, check_number,
-                                  check_positive_int, check_tensor, shape_str)
+from .core import (
+    check_flag, check_int, check_number, check_positive_int, check_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']

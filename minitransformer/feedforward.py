@@ -9,6 +9,7 @@ from torch import nn
 
 from .core import (
     check_dropout, check_positive_int, check_tensor, shape_str)
+from .qkv import _autocast_on, _check_float_dtype
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -19,6 +20,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 def activation(name: str, z: torch.Tensor) -> torch.Tensor:
     "Point-wise activation `name`: relu, gelu, gelu_tanh, or silu/swiglu (the gate)."
+    check_tensor(z, "z", floating=True)  # relu would pass integers, gelu would not
     if name == "relu":
         return F.relu(z)
     if name == "gelu":
@@ -33,7 +35,8 @@ def activation(name: str, z: torch.Tensor) -> torch.Tensor:
 class FeedForward(nn.Module):
     """Position-wise feed-forward network `(..., T, C) → (..., T, C)`, token by token.
 
-    relu / gelu / gelu_tanh: `W2 φ(W1 x)`; swiglu: `W2 (SiLU(W1 x) ⊙ W3 x)`."""
+    relu / gelu / gelu_tanh: `W2 φ(W1 x)`; swiglu: `W2 (SiLU(W1 x) ⊙ W3 x)`. `x` has the
+    weights' dtype; T = 0 or an empty batch gives an empty output."""
 
     def __init__(self,
                  d_model: int,  # C, the token width in and out
@@ -49,6 +52,7 @@ class FeedForward(nn.Module):
         check_positive_int(d_model, "d_model")
         check_positive_int(d_ff, "d_ff")
         check_dropout(dropout)
+        _check_float_dtype(dtype)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w1 = nn.Linear(d_model, d_ff, **kw)
@@ -58,10 +62,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tensor(x, "x", min_dim=1, floating=True)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x has width {x.shape[-1]} (shape {shape_str(x)}) but "
-                             f"FeedForward expects d_model={self.d_model}")
+        _check_input(x, self.d_model, self.w1.weight.dtype)  # (..., C), weights' dtype
         h = activation(self.activation, self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:
             h = h * self.w3(x)  # SwiGLU: gate ⊙ value
@@ -70,3 +71,14 @@ class FeedForward(nn.Module):
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, "
                 f"activation={self.activation!r}")
+
+# %% ../nbs/06_feedforward.ipynb #64b35976
+def _check_input(x, d_model: int, dtype: torch.dtype) -> None:
+    "Raise unless `x` is a floating tensor `(..., d_model)` of the weights' `dtype`."
+    check_tensor(x, "x", min_dim=1, floating=True)
+    if x.shape[-1] != d_model:
+        raise ValueError(f"x has width {x.shape[-1]} (shape {shape_str(x)}) but "
+                         f"FeedForward expects d_model={d_model}")
+    if x.dtype != dtype and not _autocast_on(x.device.type):
+        raise TypeError(f"x has dtype {x.dtype}, but the FeedForward's weights are "
+                        f"{dtype}: convert one with .to()")

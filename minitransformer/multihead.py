@@ -86,7 +86,7 @@ class HeadProjection(nn.Module):
 
     def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
         H = self.n_heads
-        _check_project_args(context, positions, cache, self.rotary)
+        _check_project_args(x, context, positions, cache, self.rotary)
         if context is not None and not isinstance(context, torch.Tensor):  # a cache
             return (split_heads(self.qkv.queries(x), H), *context.keys_values())
         q, k, v = (split_heads(t, H) for t in self.qkv(x, context))  # (B, H, T or S, D)
@@ -109,11 +109,14 @@ class HeadProjection(nn.Module):
         return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
 
 # %% ../nbs/05_multihead.ipynb #74704d67
-def _check_project_args(context, positions, cache, rotary) -> None:
+def _check_project_args(x, context, positions, cache, rotary) -> None:
     "Raise for the argument combinations `HeadProjection.project` does not serve."
     if cache is not None and not hasattr(cache, "keys_values"):
         raise TypeError("cache must be a KVCache (coming in chapter 10) or None, got "
                         f"{type(cache).__name__}")
+    if cache is not None and isinstance(x, torch.Tensor) and x.dim() != 3:
+        raise ValueError(f"x must be (B, T, C) to use a cache, got shape "
+                         f"{shape_str(x)}")
     if context is not None and not isinstance(context, torch.Tensor):  # a filled cache
         if not hasattr(context, "keys_values"):
             raise TypeError("context must be a tensor (B, S, C) or a filled KVCache, "

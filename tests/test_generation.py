@@ -220,5 +220,5 @@ def test_from_torch_refuses_what_it_cannot_copy():
     from minitransformer.multihead import MultiHeadAttention
     with pytest.raises(ValueError, match="add_bias_kv or add_zero_attn"):
         MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, add_bias_kv=True))
-    with pytest.raises(TypeError, match="from_torch takes an nn.MultiheadAttention"):
+    with pytest.raises(TypeError, match="ref must be an nn.MultiheadAttention"):
         MultiHeadAttention.from_torch(nn.Linear(8, 8))

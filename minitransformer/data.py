@@ -165,8 +165,8 @@ class DateTask:
         return out
 
     def encode(self, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Source ids `(B, S)`, 0-padded; target ids `(B, 12)`: `<bos>` 10 chars `<eos>`.
-        `pairs` are B >= 1 (source text, ISO date) pairs."""
+        """Source ids `(B, S)`, 0-padded, and target ids `(B, 12)`: `<bos>`, 10
+        characters, `<eos>`; `pairs` are B >= 1 (source text, ISO date) pairs."""
         _check_pairs(pairs)
         src, _ = self.source_tok.encode_batch([s for s, _ in pairs])
         tgt, _ = self.target_tok.encode_batch([t for _, t in pairs], add_bos=True,
@@ -228,7 +228,8 @@ def _check_translate_args(task: DateTask, model, sources, batch_size) -> None:
                          f"{c.tgt_vocab_size} target tokens) are smaller than the "
                          f"task's ({n_src}, {n_tgt})")
     if not isinstance(sources, (list, tuple)):
-        raise TypeError(f"sources must be a list of strings, got {type(sources).__name__}")
+        raise TypeError(f"sources must be a list of strings, got "
+                        f"{type(sources).__name__}")
     for i, s in enumerate(sources):
         if not isinstance(s, str):
             raise TypeError(f"sources must be strings, but sources[{i}] is {s!r}")

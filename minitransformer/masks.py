@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .core import broadcast_shape, check_tensor, shape_str
+from .core import (
+    broadcast_shape, check_int, check_positive_int, check_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['causal_mask', 'padding_mask', 'padding_mask_from_ids', 'combine_masks', 'additive_mask', 'to_torch_mask']
@@ -16,8 +17,9 @@ def causal_mask(T: int,  # number of queries: the last T of the S positions
                 device=None) -> torch.Tensor:  # (T, S) bool, True = may attend
     """Causal mask `(T, S)`, aligned bottom-right: query i (at position S-T+i) may
     attend to keys 0..S-T+i."""
-    S = T if S is None else S
-    if T < 1 or S < T:
+    T = check_positive_int(T, "T")
+    S = T if S is None else check_int(S, "S")
+    if S < T:
         raise ValueError(f"a causal mask needs 1 <= T <= S (each query's own key is "
                          f"among the keys), got T={T}, S={S}")
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
@@ -27,14 +29,9 @@ def padding_mask(lengths: torch.Tensor,  # (B,) real tokens per sequence (right-
                  S: int | None = None,  # padded length (default: the longest)
                  ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
     """Key-padding mask `(B, 1, 1, S)` from sequence lengths: True for the first
-    `lengths[b]` keys of sequence b."""
-    check_tensor(lengths, "lengths", min_dim=1)
-    if lengths.dim() != 1 or lengths.is_floating_point():
-        raise ValueError(f"lengths must be a 1-D integer tensor (B,), got shape "
-                         f"{shape_str(lengths)} and dtype {lengths.dtype}")
-    S = int(lengths.max()) if S is None else S
-    if lengths.min() < 0 or lengths.max() > S:
-        raise ValueError(f"lengths must lie in [0, {S}], got {lengths.tolist()}")
+    `lengths[b]` keys of sequence b. Empty `lengths` (B = 0) give a `(0, 1, 1, S)`
+    mask, S = 0 by default."""
+    S = _padded_length(lengths, S)  # checks lengths; S by default the longest
     keep = torch.arange(S, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
     return keep[:, None, None, :]
 
@@ -43,11 +40,43 @@ def padding_mask_from_ids(ids: torch.Tensor,  # (B, S) token ids
                           pad_id: int,  # the padding token's id
                           ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
     """Key-padding mask `(B, 1, 1, S)`: True wherever `ids` is not `pad_id` (works for
-    left or right padding)."""
+    left or right padding; B = 0 or S = 0 gives an empty mask)."""
+    _check_ids(ids, pad_id)  # ids: (B, S) integers; pad_id: an int
+    return (ids != pad_id)[:, None, None, :]
+
+# %% ../nbs/08_masks.ipynb #60bf2393
+def _padded_length(lengths, S) -> int:
+    "S (by default the longest) if `lengths` is `(B,)` ints in [0, S]; else raise."
+    check_tensor(lengths, "lengths", min_dim=1)
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be a 1-D integer tensor (B,), got shape "
+                         f"{shape_str(lengths)}")
+    if not _is_integer(lengths):
+        raise TypeError(f"lengths must be a 1-D integer tensor (B,), got dtype "
+                        f"{lengths.dtype}")
+    S = None if S is None else check_int(S, "S", minimum=0)
+    if lengths.numel() == 0:  # no sequences
+        return 0 if S is None else S
+    S = int(lengths.max()) if S is None else S
+    if lengths.min() < 0 or lengths.max() > S:
+        raise ValueError(f"lengths must lie in [0, {S}] (S={S}), got "
+                         f"{lengths.tolist()}")
+    return S
+
+
+def _check_ids(ids, pad_id) -> None:
+    "Raise unless `ids` is a `(B, S)` integer tensor and `pad_id` an int."
     check_tensor(ids, "ids")
     if ids.dim() != 2:
         raise ValueError(f"ids must be (B, S), got shape {shape_str(ids)}")
-    return (ids != pad_id)[:, None, None, :]
+    if not _is_integer(ids):
+        raise TypeError(f"ids must be integer token ids, got dtype {ids.dtype}")
+    check_int(pad_id, "pad_id")
+
+
+def _is_integer(t: torch.Tensor) -> bool:
+    "Whether `t` holds integers (not floats, complex numbers or booleans)."
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 # %% ../nbs/08_masks.ipynb #a2afb004
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -79,8 +108,9 @@ def additive_mask(mask: torch.Tensor,  # bool, True = may attend
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), "
                         f"got dtype {mask.dtype}")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point dtype such as torch.float32, "
+                        f"got {dtype!r}")
     half = dtype in (torch.float16, torch.bfloat16)
     blocked = torch.finfo(dtype).min if half else float("-inf")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

@@ -12,7 +12,7 @@ __all__ = ['softmax', 'check_attention_weights', 'mix']
 
 # %% ../nbs/01_mixing.ipynb #9357637d
 def _check_softmax_args(scores, dim) -> None:
-    "Raise unless `scores` is a floating tensor and `dim` one of its dims (-1, 0 if 0-d)."
+    "Raise unless `scores` is a floating tensor and `dim` one of its dims (0-d: -1, 0)."
     check_tensor(scores, "scores", floating=True)
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise TypeError(f"dim must be an int, got {dim!r}")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .core import check_positive_int, check_tensor, shape_str
+from .core import (
+    check_flag, check_number, check_positive_int, check_tensor, shape_str)
+from .qkv import _check_float_dtype
 
 # %% auto #0
 __all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'LearnedPositions', 'RotaryEmbedding']
@@ -15,9 +17,10 @@ __all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'LearnedPositions', 'R
 def sinusoidal_positions(n_positions: int, d_model: int,
                          base: float = 10000.0) -> torch.Tensor:
     """The original Transformer's position table `(n_positions, d_model)`: sin/cos
-    pairs at the frequencies base^(-2i/d_model)."""
+    pairs at the frequencies base^(-2i/d_model), for a finite base > 1."""
     check_positive_int(n_positions, "n_positions")
     check_positive_int(d_model, "d_model")
+    _check_base(base)
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
     i2 = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i = 0, 2, 4, ...
     freqs = base ** (-i2 / d_model)  # (ceil(C/2),)
@@ -25,6 +28,11 @@ def sinusoidal_positions(n_positions: int, d_model: int,
     table[:, 0::2] = torch.sin(pos * freqs)  # (N, ceil(C/2))
     table[:, 1::2] = torch.cos(pos * freqs)[:, : d_model // 2]  # odd C: last sine alone
     return table.float()
+
+# %% ../nbs/07_positions.ipynb #d373d8d4
+def _check_base(base) -> None:
+    "Raise unless `base` is a finite number > 1 (frequencies base^(-2i/D) then fall)."
+    check_number(base, "base", low=1, low_open=True)
 
 # %% ../nbs/07_positions.ipynb #3c79a7e5
 def _check_positions(positions: torch.Tensor, max_len: int) -> None:
@@ -41,10 +49,12 @@ def _check_positions(positions: torch.Tensor, max_len: int) -> None:
 
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal position vectors: `positions (..., T)` → `(..., T, C)`, to be
-    added to token embeddings."""
+    added to token embeddings (T = 0 gives an empty result)."""
 
     def __init__(self, d_model: int, max_len: int = 4096, base: float = 10000.0):
         super().__init__()
+        check_positive_int(d_model, "d_model")
+        check_positive_int(max_len, "max_len")
         self.d_model, self.max_len, self.base = d_model, max_len, base
         table = sinusoidal_positions(max_len, d_model, base)  # (max_len, C)
         self.register_buffer("table", table, persistent=False)
@@ -56,13 +66,15 @@ class SinusoidalPositions(nn.Module):
 # %% ../nbs/07_positions.ipynb #e0779377
 class LearnedPositions(nn.Module):
     """A trained table of position vectors: `positions (..., T)` → `(..., T, C)`, for
-    positions below `max_len`."""
+    positions below `max_len` (T = 0 gives an empty result)."""
 
     def __init__(self, d_model: int, max_len: int, init_std: float = 0.02,
                  device=None, dtype=None):
         super().__init__()
         check_positive_int(max_len, "max_len")
         check_positive_int(d_model, "d_model")
+        check_number(init_std, "init_std", low=0)
+        _check_float_dtype(dtype)
         self.d_model, self.max_len = d_model, max_len
         table = torch.randn(max_len, d_model, device=device, dtype=dtype) * init_std
         self.weight = nn.Parameter(table)  # (max_len, C)
@@ -83,10 +95,12 @@ class RotaryEmbedding(nn.Module):
                  base: float = 10000.0,  # θ_i = base^(-2i/D)
                  interleaved: bool = False):  # pairs (x0, x1)...; else (x_i, x_{i+D/2})
         super().__init__()
-        if head_dim < 2 or head_dim % 2:
+        if check_positive_int(head_dim, "head_dim") % 2:
             raise ValueError("rotary embeddings rotate pairs of numbers, so head_dim "
                              f"must be even, got {head_dim}")
         check_positive_int(max_len, "max_len")
+        _check_base(base)
+        check_flag(interleaved, "interleaved")
         self.head_dim, self.max_len = head_dim, max_len
         self.base, self.interleaved = base, interleaved
         i2 = torch.arange(0, head_dim, 2, dtype=torch.float64)  # 2i = 0, 2, ..., D-2
@@ -98,20 +112,15 @@ class RotaryEmbedding(nn.Module):
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "cos and sin of the angles for `positions`: `(T, D/2)` or `(B, T, D/2)`."
         _check_positions(positions, self.max_len)  # reads values: once per model call
+        if positions.dim() not in (1, 2):
+            raise ValueError(f"positions must be (T,) or (B, T), got shape "
+                             f"{shape_str(positions)}")
         return self.cos[positions], self.sin[positions]
 
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         "`x` `(..., T, D)` rotated by `angles` from `self.angles(positions)`."
-        check_tensor(x, "x", min_dim=2, floating=True)
-        if x.shape[-1] != self.head_dim:
-            raise ValueError(f"x has head width {x.shape[-1]} (shape {shape_str(x)}) "
-                             "but this rotary embedding was built for "
-                             f"head_dim={self.head_dim}")
-        cos, sin = angles
-        if cos.shape[-2] != x.shape[-2]:
-            raise ValueError(f"{cos.shape[-2]} positions for the {x.shape[-2]} vectors "
-                             f"in x {shape_str(x)}: give one position for each")
+        cos, sin = _check_rotate(x, angles, self.head_dim)  # they fit; else raise
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): all heads
             cos, sin = cos[:, None], sin[:, None]
         xf = x.float().contiguous()  # q and k arrive as strided views; copy once
@@ -128,9 +137,37 @@ class RotaryEmbedding(nn.Module):
     def forward(self,
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
                 positions: torch.Tensor,  # (T,) or (B, T): the position of each vector
-                ) -> torch.Tensor:  # x rotated, same shape and dtype
+                ) -> torch.Tensor:  # x rotated, same shape and dtype (T = 0: empty)
         return self.rotate(x, self.angles(positions))
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, "
                 f"interleaved={self.interleaved}")
+
+# %% ../nbs/07_positions.ipynb #d7e4e065
+def _check_rotate(x, angles, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    "`angles` as (cos, sin) if `x` and they fit a rotary embedding of `head_dim`."
+    check_tensor(x, "x", min_dim=2, floating=True)
+    if x.shape[-1] != head_dim:
+        raise ValueError(f"x has head width {x.shape[-1]} (shape {shape_str(x)}) "
+                         "but this rotary embedding was built for "
+                         f"head_dim={head_dim}")
+    if not (isinstance(angles, (tuple, list)) and len(angles) == 2
+            and all(isinstance(a, torch.Tensor) for a in angles)):
+        raise TypeError("angles must be the pair (cos, sin) that angles(positions) "
+                        f"returns, got {type(angles).__name__}")
+    cos, sin = angles
+    if (cos.shape != sin.shape or cos.dim() not in (2, 3)
+            or cos.shape[-1] * 2 != head_dim):
+        raise ValueError(f"angles must be (cos, sin), each (T, {head_dim // 2}) or "
+                         f"(B, T, {head_dim // 2}), got {shape_str(cos)} and "
+                         f"{shape_str(sin)}")
+    if cos.shape[-2] != x.shape[-2]:
+        raise ValueError(f"{cos.shape[-2]} positions for the {x.shape[-2]} vectors "
+                         f"in x {shape_str(x)}: give one position for each")
+    B = cos.shape[0]
+    if cos.dim() == 3 and (x.dim() not in (3, 4) or B not in (1, x.shape[0])):
+        raise ValueError(f"positions for {B} sequences (B, T) do not fit x "
+                         f"{shape_str(x)}: per-sequence positions need x (B, T, D) or "
+                         "(B, H, T, D) with the same B")
+    return cos, sin

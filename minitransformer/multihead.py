@@ -114,9 +114,13 @@ def _check_project_args(x, context, positions, cache, rotary) -> None:
     if cache is not None and not hasattr(cache, "keys_values"):
         raise TypeError("cache must be a KVCache (coming in chapter 10) or None, got "
                         f"{type(cache).__name__}")
-    if cache is not None and isinstance(x, torch.Tensor) and x.dim() != 3:
-        raise ValueError(f"x must be (B, T, C) to use a cache, got shape "
-                         f"{shape_str(x)}")
+    if cache is not None and isinstance(x, torch.Tensor):
+        if x.dim() != 3:
+            raise ValueError(f"x must be (B, T, C) to use a cache, got shape "
+                             f"{shape_str(x)}")
+        if x.shape[0] != len(getattr(cache, "k", x)):  # the cache's B
+            raise ValueError(f"x {shape_str(x)} has {x.shape[0]} sequences, but the "
+                             f"cache holds {len(cache.k)}")
     if context is not None and not isinstance(context, torch.Tensor):  # a filled cache
         if not hasattr(context, "keys_values"):
             raise TypeError("context must be a tensor (B, S, C) or a filled KVCache, "
@@ -186,9 +190,8 @@ class MultiHeadAttention(HeadProjection):
     def from_torch(cls, ref: nn.MultiheadAttention) -> "MultiHeadAttention":
         "A copy of `nn.MultiheadAttention`'s weights (ours is always batch-first)."
         if not isinstance(ref, nn.MultiheadAttention) or not ref._qkv_same_embed_dim:
-            raise TypeError(f"from_torch takes an nn.MultiheadAttention whose keys and "
-                            f"values have its embed_dim, got ref of type "
-                            f"{type(ref).__name__}")
+            raise TypeError(f"ref must be an nn.MultiheadAttention whose keys and "
+                            f"values have its embed_dim, got {type(ref).__name__}")
         if ref.bias_k is not None or ref.add_zero_attn:
             raise ValueError("from_torch cannot copy add_bias_kv or add_zero_attn: "
                              "this module has no extra key/value rows")

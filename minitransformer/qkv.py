@@ -63,9 +63,9 @@ class QKVProjection(nn.Module):
         if context is None:  # self-attention
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         _check_width(context, "context", self.d_model, self.k_proj.weight.dtype)
-        if broadcast_shape(x.shape[:-2], context.shape[:-2]) is None:
+        if broadcast_shape(x.shape[:-2], context.shape[:-2]) != x.shape[:-2]:
             raise ValueError(f"x {shape_str(x)} and context {shape_str(context)} have "
-                             "batch dimensions that do not broadcast")
+                             "batch dimensions that do not broadcast (to those of x)")
         return self.q_proj(x), self.k_proj(context), self.v_proj(context)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:

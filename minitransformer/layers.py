@@ -13,6 +13,7 @@ from .core import (
     check_number, check_positive_int, check_tensor, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, default_positions
+from .qkv import _autocast_on, _check_float_dtype
 
 # %% auto #0
 __all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'DecoderLayer', 'Encoder', 'Decoder']
@@ -26,6 +27,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.d_model = check_positive_int(d_model, "d_model")
         self.eps = check_number(eps, "eps", low=0, low_open=True)
+        _check_float_dtype(dtype)
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,6 +49,7 @@ def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=Non
     check_choice(kind, "kind", NORMS)
     d_model = check_positive_int(d_model, "d_model")
     eps, bias = check_number(eps, "eps", low=0, low_open=True), check_flag(bias, "bias")
+    _check_float_dtype(dtype)
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
     return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
@@ -109,14 +112,6 @@ class LayerConfig:
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
 
 # %% ../nbs/09_layers.ipynb #f67e0a18
-def _autocast_on(device_type: str) -> bool:
-    "Whether autocast is on for this device type (then dtypes may differ on purpose)."
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 takes no device type
-        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
-
-
 class _Sublayers(nn.Module):
     "Shared wiring: residual + norm around each sublayer, pre- or post-norm."
 
@@ -139,6 +134,9 @@ class _Sublayers(nn.Module):
 
     def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
         check_tensor(x, name, min_dim=3, floating=True)
+        if 0 in x.shape[:-1]:
+            raise ValueError(f"{name} must hold at least one token, got shape "
+                             f"{shape_str(x)}")
         if x.shape[-1] != self.cfg.d_model:
             raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) "
                              f"but the layer has d_model={self.cfg.d_model}")
@@ -169,16 +167,19 @@ class EncoderLayer(_Sublayers):
         return self._residual(x, self.ff_norm, self.ff)
 
 # %% ../nbs/09_layers.ipynb #f1cab049
-def _check_memory_mask(memory_mask, x: torch.Tensor, memory) -> None:
-    "Raise unless `memory_mask` is None or a bool mask over the memory's S positions."
+def _check_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> None:
+    "Raise unless `memory` matches `x`'s batch and `memory_mask` its S positions."
+    if isinstance(memory, torch.Tensor) and memory.shape[0] != x.shape[0]:
+        raise ValueError(f"memory {shape_str(memory)} must have the batch size of x "
+                         f"{shape_str(x)}")
     if memory_mask is None:
         return
     check_bool_mask(memory_mask, "memory_mask")
     S = memory.shape[-2] if isinstance(memory, torch.Tensor) else len(memory)
-    want = (x.shape[0], 1, x.shape[-2], S)
-    if memory_mask.dim() > 4 or broadcast_shape(memory_mask.shape, want) is None:
+    want = (x.shape[0], n_heads, x.shape[-2], S)
+    if memory_mask.dim() > 4 or broadcast_shape(memory_mask.shape, want) != want:
         raise ValueError(f"memory_mask of shape {shape_str(memory_mask)} does not "
-                         f"broadcast to (B, H, T, S) = ({want[0]}, H, {want[2]}, {S})")
+                         f"broadcast to (B, H, T, S) = {want}")
 
 
 class DecoderLayer(_Sublayers):
@@ -219,7 +220,9 @@ class DecoderLayer(_Sublayers):
                              "cross_cache filled from it: exactly one of the two")
         if memory is not None:
             self._check_x(memory, "memory")
-        _check_memory_mask(memory_mask, x, cross_cache if memory is None else memory)
+        if self.cross_attn is not None:
+            _check_memory(cross_cache if memory is None else memory, memory_mask, x,
+                          self.cross_attn.n_heads)
         x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
             h, mask=mask, positions=positions, cache=self_cache))
         if self.cross_attn is not None:
@@ -255,6 +258,7 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
+        self.layers[0]._check_x(x)  # before the positions read its shape
         angles = _stack_positions(self.rotary, positions, 0, x)
         for layer in self.layers:
             x = layer(x, mask, angles)
@@ -294,6 +298,10 @@ class Decoder(nn.Module):
                 mask: torch.Tensor | None = None,
                 memory_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        self.layers[0]._check_x(x)  # before the positions read its shape
+        if cache is not None and not isinstance(getattr(cache, "self_attn", None), list):
+            raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
+                            f"{type(cache).__name__}")
         past = 0 if cache is None else len(cache)
         angles = _stack_positions(self.rotary, positions, past, x)
         self_caches = [None] * len(self.layers) if cache is None else cache.self_attn

@@ -13,11 +13,12 @@ from .core import (
     check_positive_int, check_tensor, shape_str)
 from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache
-from .layers import Decoder, Encoder, LayerConfig, _autocast_on
+from .layers import Decoder, Encoder, LayerConfig
 from .masks import causal_mask
 from .multihead import default_positions
 from .positions import (
     LearnedPositions, RotaryEmbedding, SinusoidalPositions)
+from .qkv import _autocast_on
 
 # %% auto #0
 __all__ = ['POSITION_ENCODINGS', 'TextConfig', 'decoder_mask', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',

@@ -118,10 +118,14 @@ class TrainLog:
 
 
 def _check_metrics(metrics, name: str = "metrics") -> dict:
-    if not isinstance(metrics, dict):
-        raise TypeError(f"{name} must be a dict of metrics, got "
-                        f"{type(metrics).__name__}")
-    return dict(metrics)
+    ok = isinstance(metrics, dict) and all(
+        isinstance(k, str) and isinstance(v, (numbers.Real, torch.Tensor))
+        and not isinstance(v, bool) and (not isinstance(v, torch.Tensor) or v.dim() == 0)
+        for k, v in metrics.items())
+    if not ok:
+        raise TypeError(f"{name} must be a dict of metric names to numbers, got "
+                        f"{metrics!r:.80}")
+    return {k: float(v) for k, v in metrics.items()}
 
 
 class _Clock:

@@ -39,7 +39,7 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
     temperature = _check_sampling(temperature, top_k, top_p, generator)
     check_tensor(logits, "logits", floating=True)
     if logits.dim() != 2 or logits.shape[-1] == 0:
-        raise ValueError(f"logits must be (B, V), V >= 1, got shape {shape_str(logits)}")
+        raise ValueError(f"logits must be (B, V), V >= 1, got {shape_str(logits)}")
     top = logits.amax(-1, keepdim=True)  # (B, 1)
     if not torch.isfinite(top).all():  # one small transfer: NaN would sample garbage
         raise ValueError("logits must have a finite largest score in every row, got "

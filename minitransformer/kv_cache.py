@@ -98,6 +98,9 @@ def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
 def _check_memory(memory, cache: KVCache, d_model: int) -> None:
     "Raise unless `memory` `(B, S, C)` fits a cross-attention cache."
     check_tensor(memory, "memory", floating=True)
+    if memory.dtype != cache.k.dtype:
+        raise TypeError(f"memory has dtype {memory.dtype}, but the cache holds "
+                        f"{cache.k.dtype}: convert one with .to()")
     B, _, S_max, _ = cache.k.shape
     if memory.dim() != 3 or memory.shape[0] != B or memory.shape[-1] != d_model:
         raise ValueError(f"memory must be (B, S, C) = ({B}, S, {d_model}) for this "
@@ -124,6 +127,9 @@ class DecoderCache:
                     or not all(isinstance(c, KVCache) for c in caches)):
                 raise TypeError(f"{name} must be a non-empty list of KVCache, one per "
                                 f"layer, got {caches!r:.80}")
+        if len({len(c) for c in self.self_attn}) != 1:
+            raise ValueError(f"self_attn's caches must all hold as many positions, got "
+                             f"{[len(c) for c in self.self_attn]}")
         if self.cross_attn is not None and len(self.cross_attn) != len(self.self_attn):
             raise ValueError(f"cross_attn has {len(self.cross_attn)} caches for "
                              f"{len(self.self_attn)} layers")

@@ -95,7 +95,8 @@ class LayerConfig:
 
     def _check(self, name: str, check, *args, **kwargs) -> None:
         "Replace field `name` by what `check(value, name, ...)` returns (or raise)."
-        object.__setattr__(self, name, check(getattr(self, name), name, *args, **kwargs))
+        value = check(getattr(self, name), name, *args, **kwargs)
+        object.__setattr__(self, name, value)
 
     @property
     def head_dim(self) -> int:
@@ -299,7 +300,7 @@ class Decoder(nn.Module):
                 memory_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         self.layers[0]._check_x(x)  # before the positions read its shape
-        if cache is not None and not isinstance(getattr(cache, "self_attn", None), list):
+        if cache is not None and not isinstance(getattr(cache, "self_attn", 0), list):
             raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
                             f"{type(cache).__name__}")
         past = 0 if cache is None else len(cache)

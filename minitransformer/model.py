@@ -230,6 +230,15 @@ def _check_memory(memory, B: int, d_model: int, required: bool = False) -> None:
                          f"{d_model}), got shape {shape_str(memory)}")
 
 
+def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
+    "S, the number of source positions: from memory, a filled cross cache, or the mask."
+    if memory is not None:
+        return memory.shape[1]
+    if cache is not None and cache.cross_attn and len(cache.cross_attn[0]):
+        return len(cache.cross_attn[0])
+    return source_mask.shape[-1]
+
+
 class Transformer(nn.Module):
     "Encoder–decoder: source `(B, S)` and target ids `(B, T)` → logits `(B, T, V_tgt)`."
 
@@ -271,17 +280,17 @@ class Transformer(nn.Module):
         if positions is None:
             positions = default_positions(past, T, tgt.device)
         mask = decoder_mask(B, T, past, attention_mask, device=tgt.device)
-        memory_mask = None  # (B, 1, 1, S); attention checks its S against the keys
+        memory_mask = None  # (B, 1, 1, S)
         if source_mask is not None:
-            memory_mask = _real_tokens(source_mask, "source_mask", B,
-                                       source_mask.shape[-1])
+            S = _source_len(memory, cache, source_mask)
+            memory_mask = _real_tokens(source_mask, "source_mask", B, S)
         x = self.tgt_embed(tgt, positions)  # (B, T, C)
         return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache))
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         "Teacher forcing: logits for every target position, given source and prefix."
         memory, source_mask = self.encode(src)
-        if tgt.shape[0] != src.shape[0]:
+        if check_tensor(tgt, "tgt").shape[0] != src.shape[0]:
             raise ValueError(f"src {shape_str(src)} and tgt {shape_str(tgt)} must have "
                              "the same batch size B")
         return self.decode(tgt, memory, source_mask)
@@ -395,9 +404,9 @@ class VisionTransformer(nn.Module):
         c = self.config
         check_tensor(images, "images", floating=True)
         size = (c.channels, c.image_size, c.image_size)
-        if images.dim() != 4 or tuple(images.shape[1:]) != size:
+        if images.dim() != 4 or tuple(images.shape[1:]) != size or len(images) == 0:
             raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, "
-                             f"{c.image_size}), got {shape_str(images)}")
+                             f"{c.image_size}), B >= 1, got {shape_str(images)}")
         if images.dtype != self.cls.dtype and not _autocast_on(images.device.type):
             raise TypeError(f"images have dtype {images.dtype}, but the weights are "
                             f"{self.cls.dtype}: convert one with .to()")

@@ -81,8 +81,8 @@ def sequence_loss(logits: torch.Tensor,  # (..., V)
         raise ValueError(f"targets must be token ids in [0, {V}) or ignore_id, got "
                          f"{targets[bad][0].item()}")
     if not counted.any():  # torch would give NaN (a mean over nothing)
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1),
+        return logits.float().sum() * 0.0
+    return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1).long(),
                            ignore_index=ignore, label_smoothing=label_smoothing)
 
 # %% ../nbs/13_training.ipynb #7b6be3d9
@@ -118,10 +118,12 @@ class TrainLog:
 
 
 def _check_metrics(metrics, name: str = "metrics") -> dict:
+    def number(v) -> bool:  # a real number, or a tensor holding one
+        if isinstance(v, torch.Tensor):
+            return v.dim() == 0 and not v.is_complex()
+        return isinstance(v, numbers.Real) and not isinstance(v, bool)
     ok = isinstance(metrics, dict) and all(
-        isinstance(k, str) and isinstance(v, (numbers.Real, torch.Tensor))
-        and not isinstance(v, bool) and (not isinstance(v, torch.Tensor) or v.dim() == 0)
-        for k, v in metrics.items())
+        isinstance(k, str) and number(v) for k, v in metrics.items())
     if not ok:
         raise TypeError(f"{name} must be a dict of metric names to numbers, got "
                         f"{metrics!r:.80}")
@@ -157,7 +159,8 @@ class WeightAverage:
     "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
 
     def __init__(self, params: list, decay: float, name: str = "decay"):
-        if isinstance(params, (nn.Module, torch.Tensor)):
+        if isinstance(params, (nn.Module, torch.Tensor)) or not hasattr(
+                params, "__iter__"):
             raise TypeError(f"params must be a list of tensors (e.g. "
                             f"list(model.parameters())), got {type(params).__name__}")
         self.params = list(params)

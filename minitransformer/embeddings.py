@@ -206,8 +206,9 @@ class TokenEmbedding(nn.Module):
             with torch.no_grad():
                 self.weight[self.padding_idx].zero_()
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        check_token_ids(ids, self.vocab_size)
+    def forward(self, ids: torch.Tensor,
+                name: str = "token ids") -> torch.Tensor:  # `name`: for error messages
+        check_token_ids(ids, self.vocab_size, name)
         x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T) -> (..., T, C)
         return x * math.sqrt(self.d_model) if self.scale else x
 

@@ -11,7 +11,7 @@ from torch import nn
 from .core import (
     check_bool_mask, check_choice, check_flag, check_int, check_number,
     check_positive_int, check_tensor, shape_str)
-from .embeddings import TokenEmbedding, check_token_ids
+from .embeddings import TokenEmbedding
 from .kv_cache import DecoderCache
 from .layers import Decoder, Encoder, LayerConfig
 from .masks import causal_mask
@@ -67,20 +67,17 @@ class _Embed(nn.Module):
             self.pos = SinusoidalPositions(d_model, max_len)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.tok(ids)  # (B, T, C)
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor,
+                name: str = "ids") -> torch.Tensor:
+        x = self.tok(ids, name)  # (B, T, C); errors name the caller's argument
         if self.pos is not None:
             x = x + self.pos(positions)  # (T, C) or (B, T, C), broadcast
         return self.drop(x)
 
 # %% ../nbs/11_model.ipynb #7f5bef0e
-def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0,
-         vocab_size: int | None = None) -> tuple[int, int]:
-    "`(B, T)` of token ids `(B, T)`, B, T >= 1, checked (values too, given vocab_size)."
-    if vocab_size is None:
-        check_tensor(ids, name)
-    else:  # also the ids' values, under the argument's name
-        check_token_ids(ids, vocab_size, name)
+def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int, int]:
+    "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: in the embedding)."
+    check_tensor(ids, name)
     if ids.dim() != 2 or 0 in ids.shape or ids.is_floating_point():
         raise ValueError(f"{name} must be (B, T) integer token ids with B, T >= 1, got "
                          f"{ids.dtype} of shape {shape_str(ids)}")
@@ -183,7 +180,7 @@ class GPT(nn.Module):
                 full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
                 ) -> torch.Tensor:  # (B, T, V) logits
         past = 0 if cache is None else len(cache)
-        B, T = _ids(ids, "ids", self.config.max_len, past, self.config.vocab_size)
+        B, T = _ids(ids, "ids", self.config.max_len, past)
         _check_positions(positions, B, T)
         if positions is None:
             positions = default_positions(past, T, ids.device)
@@ -258,11 +255,11 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None):
         "Encoder output `(B, S, C)` and real-token mask `(B, S)` (default: not pad)."
-        B, S = _ids(src, "src", self.config.max_len, 0, self.config.src_vocab_size)
+        B, S = _ids(src, "src", self.config.max_len)
         if attention_mask is None:
             attention_mask = src != self.config.pad_id
         mask = _real_tokens(attention_mask, "attention_mask", B, S)  # (B, 1, 1, S)
-        x = self.src_embed(src, default_positions(0, S, src.device))
+        x = self.src_embed(src, default_positions(0, S, src.device), "src")
         return self.encoder(x, mask=mask), attention_mask
 
     def decode(self,
@@ -274,7 +271,7 @@ class Transformer(nn.Module):
                cache: DecoderCache | None = None,  # from make_cache(memory)
                ) -> torch.Tensor:  # (B, T, V_tgt)
         past = 0 if cache is None else len(cache)
-        B, T = _ids(tgt, "tgt", self.config.max_len, past, self.config.tgt_vocab_size)
+        B, T = _ids(tgt, "tgt", self.config.max_len, past)
         _check_positions(positions, B, T)
         _check_memory(memory, B, self.config.d_model)
         if positions is None:
@@ -284,7 +281,7 @@ class Transformer(nn.Module):
         if source_mask is not None:
             S = _source_len(memory, cache, source_mask)
             memory_mask = _real_tokens(source_mask, "source_mask", B, S)
-        x = self.tgt_embed(tgt, positions)  # (B, T, C)
+        x = self.tgt_embed(tgt, positions, "tgt")  # (B, T, C)
         return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache))
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
@@ -344,10 +341,10 @@ class EncoderClassifier(nn.Module):
 
     def forward(self, ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        B, T = _ids(ids, "ids", self.config.max_len, 0, self.config.vocab_size)
+        B, T = _ids(ids, "ids", self.config.max_len)
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         _real_tokens(keep, "attention_mask", B, T)
-        x = self.embed.tok(ids)  # (B, T, C)
+        x = self.embed.tok(ids, "ids")  # (B, T, C)
         if self.cls is not None:  # a learned [CLS] vector in front: (B, 1 + T, C)
             x = torch.cat([self.cls.expand(B, -1, -1), x], 1)
             keep = torch.cat([keep.new_ones(B, 1), keep], 1)

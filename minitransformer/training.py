@@ -10,7 +10,6 @@ import os
 import tempfile
 import time
 import warnings
-import zipfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,10 +76,11 @@ def sequence_loss(logits: torch.Tensor,  # (..., V)
     label_smoothing = check_probability(label_smoothing, "label_smoothing")
     V, counted = logits.shape[-1], targets != ignore
     bad = counted & ((targets < 0) | (targets >= V))
-    if bad.any():  # on CUDA, cross_entropy would stop with a device-side assert
+    any_bad, any_counted = torch.stack([bad.any(), counted.any()]).tolist()  # 1 sync
+    if any_bad:  # on CUDA, cross_entropy would stop with a device-side assert
         raise ValueError(f"targets must be token ids in [0, {V}) or ignore_id, got "
                          f"{targets[bad][0].item()}")
-    if not counted.any():  # torch would give NaN (a mean over nothing)
+    if not any_counted:  # torch would give NaN (a mean over nothing)
         return logits.float().sum() * 0.0
     return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1).long(),
                            ignore_index=ignore, label_smoothing=label_smoothing)
@@ -241,6 +241,9 @@ def _write(path: str | Path, tensors: dict, metadata: dict) -> Path:
         save_file(tensors, tmp, metadata=metadata)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would (mkstemp makes it private)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -252,7 +255,7 @@ def _save(model: nn.Module, path: str | Path, extra: dict | None = None,
           info: dict | None = None) -> Path:
     "A checkpoint of `model`, plus a training run's `extra` tensors and `info`."
     kind = type(model).__name__
-    if kind not in _MODELS:
+    if kind not in _MODELS or type(model) is not _MODELS[kind][0]:
         raise TypeError(f"model must be one of {list(_MODELS)}, got {kind}")
     tensors, aliases = _model_tensors(model)
     tensors |= {name: t.detach().cpu().contiguous()
@@ -305,8 +308,17 @@ def _layout(model: nn.Module) -> dict:
 
 def _check_layout(path: Path, meta: dict, layout: dict, shapes: dict) -> dict:
     "Raise unless the file has every tensor `shapes` names, in that shape; the aliases."
-    aliases = json.loads(meta.get("aliases", "{}"))
+    try:
+        aliases = json.loads(meta.get("aliases", "{}"))
+        assert isinstance(aliases, dict)
+    except (ValueError, AssertionError):
+        raise ValueError(f"{path}: its aliases are not a JSON object") from None
     stored = {k for k in layout if not k.startswith(_TRAIN)}
+    for alias, target in aliases.items():
+        if (alias not in shapes or target not in stored
+                or shapes.get(alias) != shapes.get(target)):
+            raise ValueError(f"{path}: alias {alias!r} -> {target!r} does not fit its "
+                             "config")
     missing = sorted(shapes.keys() - stored - aliases.keys())
     unexpected = sorted(stored - shapes.keys())
     if missing or unexpected or not set(aliases.values()) <= stored:
@@ -352,7 +364,9 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    if zipfile.is_zipfile(path):  # torch.save's format: checkpoints before 0.1.0's end
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    if zipped:  # torch.save's format: checkpoints before 0.1.0's end
         return _load_pt(path, model, map_location)
     meta, layout = _header(path)
     cls, config, shapes = _expected(path, meta)
@@ -429,44 +443,85 @@ def _train_state(model: nn.Module, opt: torch.optim.Optimizer,
 
 def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
             average: WeightAverage | None, log: TrainLog, run: dict) -> None:
-    "Restore a run saved by `_train_state` into `model`, `opt`, `average` and `log`."
+    """Restore a run saved by `_train_state` into `model`, `opt`, `average` and `log`.
+    Everything is read and checked first: a file that does not fit changes nothing."""
     meta, layout = _header(path)
-    if "train" not in meta:
-        raise ValueError(f"{path} holds no training state (save_checkpoint writes "
-                         "weights only; train(..., checkpoint=...) writes a run)")
-    info = json.loads(meta["train"])
-    saved_average = any(k.startswith(f"{_TRAIN}average/") for k in layout)
-    if saved_average != (average is not None):
-        raise ValueError(f"{path}: the saved run had {'a' if saved_average else 'no'} "
-                         "weight average; resume it with the same ema")
+    saved = _read_train_state(path, meta, layout, model, opt, average)
+    info = saved.pop("info")
     load_checkpoint(path, model)  # the live weights (class, config, shapes checked)
+    opt.load_state_dict({"state": saved["optimizer"],  # from here nothing can fail
+                         "param_groups": opt.state_dict()["param_groups"]})
+    if average is not None:
+        for a, value in zip(average.average, saved["average"]):
+            a.copy_(value)
+    torch.set_rng_state(saved["rng"])
+    if saved["rng_cuda"] is not None:
+        device = opt.param_groups[0]["params"][0].device
+        torch.cuda.set_rng_state(saved["rng_cuda"], device)
+    log.losses, log.lrs = saved["losses"], saved["lrs"]
+    log.steps, log.seconds, log.skipped = info["step"], info["seconds"], info["skipped"]
+    log.evals = [(s, t, m) for s, t, m in info["evals"]]
     changed = sorted(k for k in run if info["run"].get(k) != run[k])
     if changed:
         warnings.warn(f"resuming {path} with different {changed}: the run will not "
                       "follow the curve of an uninterrupted one", stacklevel=3)
+
+
+def _read_train_state(path: Path, meta: dict, layout: dict, model: nn.Module,
+                      opt: torch.optim.Optimizer,
+                      average: WeightAverage | None) -> dict:
+    "A training checkpoint's state, read into memory and checked against this run."
+    def fail(why: str) -> ValueError:
+        return ValueError(f"{path}: {why}")
+    if "train" not in meta:
+        raise fail("it holds no training state (save_checkpoint writes weights only; "
+                   "train(..., checkpoint=...) writes a run)")
+    try:
+        info = json.loads(meta["train"])
+        step = int(info["step"])
+        missing = {"seconds", "skipped", "evals", "run"} - info.keys()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise fail(f"its training state is damaged ({e!r})") from None
+    if missing:
+        raise fail(f"its training state is damaged (no {sorted(missing)})")
+    saved_average = any(k.startswith(f"{_TRAIN}average/") for k in layout)
+    if saved_average != (average is not None):
+        raise fail(f"the saved run had {'a' if saved_average else 'no'} weight "
+                   "average; resume it with the same ema")
     names = {id(p): n for n, p in model.named_parameters()}
     params = [p for group in opt.param_groups for p in group["params"]]
+    trained = {names[id(p)]: p for p in params}
+    need = {f"{_TRAIN}rng/cpu": None, f"{_TRAIN}log/lrs": (step,),
+            f"{_TRAIN}log/losses": (step,)}
+    if average is not None:
+        need |= {f"{_TRAIN}average/{n}": tuple(p.shape) for n, p in trained.items()}
+    for name, shape in need.items():
+        if name not in layout or shape not in (None, layout[name][1]):
+            raise fail(f"its training state lacks {name} of shape {shape}, or it was "
+                       "saved for other trainable parameters")
+    opt_names = {k.removeprefix(f"{_TRAIN}optimizer/").rsplit("/", 1)[0]
+                 for k in layout if k.startswith(f"{_TRAIN}optimizer/")}
+    if not opt_names <= trained.keys():
+        raise fail(f"it holds optimiser state for {sorted(opt_names - trained.keys())}"
+                   ", which are not trained now")
     with safe_open(path, framework="pt", device="cpu") as f:
+        get = f.get_tensor
         state = {}
         for i, p in enumerate(params):
             prefix = f"{_TRAIN}optimizer/{names[id(p)]}/"
-            found = {k.removeprefix(prefix): f.get_tensor(k) for k in layout
+            found = {k.removeprefix(prefix): get(k) for k in layout
                      if k.startswith(prefix) and "/" not in k.removeprefix(prefix)}
+            if any(v.shape != p.shape for key, v in found.items() if key != "step"):
+                raise fail(f"its optimiser state for {names[id(p)]} has other shapes")
             if found:
                 state[i] = found
-        if average is not None:
-            for p, a in zip(average.params, average.average):
-                a.copy_(f.get_tensor(f"{_TRAIN}average/{names[id(p)]}"))
-        torch.set_rng_state(f.get_tensor(f"{_TRAIN}rng/cpu"))
-        if f"{_TRAIN}rng/cuda" in layout and params[0].device.type == "cuda":
-            torch.cuda.set_rng_state(f.get_tensor(f"{_TRAIN}rng/cuda"),
-                                     params[0].device)
-        log.losses = f.get_tensor(f"{_TRAIN}log/losses").tolist()
-        log.lrs = f.get_tensor(f"{_TRAIN}log/lrs").tolist()
-    opt.load_state_dict({"state": state,
-                         "param_groups": opt.state_dict()["param_groups"]})
-    log.steps, log.seconds, log.skipped = info["step"], info["seconds"], info["skipped"]
-    log.evals = [(s, t, m) for s, t, m in info["evals"]]
+        cuda = f"{_TRAIN}rng/cuda"
+        return {"info": info, "optimizer": state, "rng": get(f"{_TRAIN}rng/cpu"),
+                "rng_cuda": get(cuda) if cuda in layout and params[0].is_cuda else None,
+                "average": [get(f"{_TRAIN}average/{names[id(p)]}")
+                            for p in (average.params if average else [])],
+                "losses": get(f"{_TRAIN}log/losses").tolist(),
+                "lrs": get(f"{_TRAIN}log/lrs").tolist()}
 
 # %% ../nbs/13_training.ipynb #a84d18fa
 def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
@@ -490,8 +545,15 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
         raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
     if (checkpoint_every is not None or resume) and checkpoint is None:
         raise ValueError("checkpoint_every and resume need a checkpoint path")
-    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
-        raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
+    if checkpoint is not None:  # found now, not when the first save fails
+        if not isinstance(checkpoint, (str, os.PathLike)):
+            raise TypeError(f"checkpoint must be a path, got "
+                            f"{type(checkpoint).__name__}")
+        if not Path(checkpoint).parent.is_dir():
+            raise ValueError(f"checkpoint {checkpoint}: its folder does not exist")
+        if type(model) not in [cls for cls, _ in _MODELS.values()]:
+            raise TypeError(f"checkpoints hold one of {list(_MODELS)}; model is a "
+                            f"{type(model).__name__}")
     def maybe(value, check, name, **kw):  # None stays None: the option is off
         return None if value is None else check(value, name, **kw)
 
@@ -527,6 +589,17 @@ def _progress(log: TrainLog, clock: _Clock, a: dict) -> float:
     "The fraction of the budget used: of the steps or of the seconds, the larger."
     return max(log.steps / a["steps"] if a["steps"] else 0.0,
                clock() / a["max_seconds"] if a["max_seconds"] else 0.0)
+
+
+def _grad_norm(params: list, clip: float | None) -> torch.Tensor:
+    "The gradients' total norm, before clipping them to `clip` (when given)."
+    if clip is not None:
+        return nn.utils.clip_grad_norm_(params, clip)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
+                                                 for g in grads]))
 
 
 def _check_loss(loss) -> torch.Tensor:
@@ -576,7 +649,8 @@ def train(model: nn.Module,
     """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient
     clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
     model ends holding them. A step whose loss or gradient is not finite changes no
-    weight: it raises `FloatingPointError`, or is skipped (counted in `log.skipped`)."""
+    weight: it raises `FloatingPointError`, or is skipped (counted in `log.skipped`).
+    `resume` continues exactly where `next_batch(step)` depends on the step alone."""
     a = _check_train(**locals())
     if a["steps"] == 0 or a["max_seconds"] == 0:
         return TrainLog()  # an empty budget: nothing to do
@@ -587,6 +661,7 @@ def train(model: nn.Module,
     if a["resume"] and a["checkpoint"].exists():
         _resume(a["checkpoint"], model, opt, average, log, run)
     clock = _Clock(log.seconds)  # training time: evaluations and saves do not count
+    saved_at = None  # the step of the last checkpoint
 
     def evaluate() -> None:
         with clock.paused():
@@ -594,7 +669,8 @@ def train(model: nn.Module,
         log.record_eval(log.steps, clock(), metrics, verbose=bool(log_every))
 
     def save() -> None:
-        log.seconds = clock()
+        nonlocal saved_at
+        log.seconds, saved_at = clock(), log.steps
         with clock.paused():
             _save(model, a["checkpoint"], *_train_state(model, opt, average, log, run))
 
@@ -609,8 +685,9 @@ def train(model: nn.Module,
             loss = _check_loss(loss_fn(model, next_batch(log.steps)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = nn.utils.clip_grad_norm_(params, a["clip"] or math.inf)  # inf: measure
-        values = torch.stack([loss.detach().float(), norm.float()]).tolist()  # 1 sync
+        norm = _grad_norm(params, a["clip"])  # clipped to `clip` if given
+        values = torch.stack([loss.detach().float(),
+                              norm.float().to(loss.device)]).tolist()  # 1 sync
         log.steps += 1
         if all(map(math.isfinite, values)):
             opt.step()
@@ -626,7 +703,7 @@ def train(model: nn.Module,
     log.seconds = clock()
     if eval_fn is not None and not (log.evals and log.evals[-1][0] == log.steps):
         evaluate()
-    if a["checkpoint"] is not None:
+    if a["checkpoint"] is not None and log.steps != saved_at:
         save()
     if average is not None:
         _load(params, average.average)  # the model keeps the averaged weights

@@ -347,3 +347,69 @@ def test_char_windows_draws_every_window_and_the_single_one():
     assert x[:, 0].unique().tolist() == [0, 1, 2, 3]  # start 3 ends at data[11]
     x, y = char_windows(torch.arange(9), 8, 3)  # exactly one window fits
     assert x.tolist() == [list(range(8))] * 3 and y[:, -1].tolist() == [8] * 3
+
+
+def test_a_resume_that_does_not_fit_changes_nothing(tmp_path):
+    "Saved with one weight frozen, resumed with it trainable: refused before any change."
+    torch.manual_seed(0)
+    frozen = GPT(CFG)
+    frozen.decoder.norm.weight.requires_grad_(False)
+    train(frozen, batch, lm_loss, steps=3, ema=0.9, log_every=0,
+          checkpoint=tmp_path / "run")
+    model = GPT(CFG)
+    before = weights(model)
+    with pytest.raises(ValueError, match="other trainable parameters"):
+        train(model, batch, lm_loss, steps=6, ema=0.9, checkpoint=tmp_path / "run",
+              resume=True)
+    assert same(before, weights(model))
+
+
+def test_checkpoints_get_the_usual_file_mode(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        save_checkpoint(GPT(CFG), tmp_path / "m")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_zip_signature_inside_the_tensors_does_not_confuse_the_loader(tmp_path):
+    model = GPT(CFG)
+    marker = torch.tensor(list(b"PK\x05\x06") + [0] * 18, dtype=torch.uint8)
+    training._save(model, tmp_path / "m", {"train/rng/cpu": marker}, None)
+    assert same(weights(load_checkpoint(tmp_path / "m")), weights(model))
+
+
+def test_checkpoint_problems_are_found_before_training(tmp_path):
+    calls = []
+
+    def counting(m, b):
+        calls.append(1)
+        return lm_loss(m, b)
+    with pytest.raises(ValueError, match="its folder does not exist"):
+        train(GPT(CFG), batch, counting, steps=3, checkpoint=tmp_path / "no" / "run")
+    with pytest.raises(TypeError, match="checkpoints hold one of"):
+        train(nn.Linear(2, 2), lambda s: torch.zeros(1, 2),
+              lambda m, b: m(b).sum(), steps=3, checkpoint=tmp_path / "run")
+    assert calls == []
+
+
+def test_a_crafted_alias_is_refused_before_the_model_changes(tmp_path):
+    model = GPT(CFG)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "head.weight"}
+    save_file(sd, tmp_path / "m", metadata={
+        "format": FORMAT, "model": "GPT", "config": json.dumps(dataclasses.asdict(CFG)),
+        "aliases": json.dumps({"head.weight": "decoder.norm.weight"})})
+    target = GPT(CFG)
+    before = weights(target)
+    with pytest.raises(ValueError, match="alias 'head.weight'"):
+        load_checkpoint(tmp_path / "m", target)
+    assert same(before, weights(target))
+
+
+def test_without_clipping_the_norm_is_still_watched():
+    model = GPT(CFG)
+    log = train(model, batch, lm_loss, steps=3, clip=None, log_every=0)
+    assert log.steps == 3
+    with pytest.raises(FloatingPointError):
+        train(GPT(CFG), batch, nan_after(1), steps=3, clip=None, log_every=0)

@@ -135,7 +135,9 @@ class DecoderCache:
                              f"{len(self.self_attn)} layers")
 
     @classmethod
-    def allocate(cls, n_layers: int, batch_size: int, n_heads: int, max_len: int,
+    def allocate(cls, n_layers: int, batch_size: int,
+                 n_heads: int,  # the K/V heads a cache stores (n_kv_heads)
+                 max_len: int,
                  head_dim: int, source_len: int | None = None, device=None,
                  dtype: torch.dtype = torch.float32) -> DecoderCache:
         "Empty caches for every layer; cross-attention ones of `source_len` if given."
@@ -160,7 +162,7 @@ class DecoderCache:
             raise ValueError("a decoder with cross-attention needs source_len, the "
                              "length of the encoder output; one without takes none")
         attn, p = decoder.layers[0].self_attn, next(decoder.parameters())
-        return cls.allocate(len(decoder.layers), batch_size, attn.n_heads, max_len,
+        return cls.allocate(len(decoder.layers), batch_size, attn.n_kv_heads, max_len,
                             attn.head_dim, source_len, p.device, p.dtype)
 
     def fill_cross_attention(self, decoder: Decoder, memory: torch.Tensor) -> None:

@@ -68,6 +68,7 @@ class LayerConfig:
     "The shape and choices of one encoder or decoder layer (model configs extend it)."
     d_model: int = 128  # C, the width of every token vector
     n_heads: int = 4  # attention heads; must divide d_model
+    n_kv_heads: int | None = None  # key/value heads, dividing n_heads; None: n_heads
     d_ff: int | None = None  # hidden width of the feed-forward network; None: 4·d_model
     activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu
     norm: str = "layernorm"  # layernorm | rmsnorm
@@ -80,6 +81,12 @@ class LayerConfig:
         "Check every field once, and store each as a plain Python value."
         self._check("d_model", check_positive_int)
         self._check("n_heads", check_positive_int)
+        if self.n_kv_heads is None:  # plain multi-head attention: one K/V per head
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        self._check("n_kv_heads", check_positive_int)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads "
+                             f"({self.n_heads})")
         if self.d_ff is None:  # resolved once, so the stored config says what was built
             object.__setattr__(self, "d_ff", 4 * self.d_model)
         self._check("d_ff", check_positive_int)
@@ -131,7 +138,7 @@ class _Sublayers(nn.Module):
     def _attention(self, rotary: nn.Module | None = None) -> MultiHeadAttention:
         c = self.cfg
         return MultiHeadAttention(c.d_model, c.n_heads, c.bias, c.dropout,
-                                  rotary=rotary)
+                                  rotary=rotary, n_kv_heads=c.n_kv_heads)
 
     def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
         check_tensor(x, name, min_dim=3, floating=True)
@@ -269,13 +276,13 @@ class Encoder(nn.Module):
 def _check_cache_shape(caches: list, layer: nn.Module, x: torch.Tensor) -> None:
     "Raise unless every cache was allocated for this stack, batch and dtype."
     attn = layer.self_attn
-    want = (x.shape[0], attn.n_heads, attn.head_dim, layer.ff_norm.weight.dtype)
+    want = (x.shape[0], attn.n_kv_heads, attn.head_dim, layer.ff_norm.weight.dtype)
     for c in caches:
         if c is None:
             continue
         got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype)
         if got != want:
-            raise ValueError(f"cache was allocated for (batch, heads, head width, "
+            raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
                              f"dtype) = {got}, but this call needs {want}: make it "
                              "with the model's make_cache")
 

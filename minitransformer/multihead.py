@@ -13,7 +13,7 @@ from .core import (
 from .qkv import QKVProjection
 
 # %% auto #0
-__all__ = ['split_heads', 'merge_heads', 'default_positions', 'HeadProjection', 'MultiHeadAttention']
+__all__ = ['split_heads', 'merge_heads', 'default_positions', 'HeadProjection', 'repeat_kv', 'MultiHeadAttention']
 
 # %% ../nbs/05_multihead.ipynb #d0e7ced5
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -59,7 +59,8 @@ def default_positions(past: int, T: int, device=None) -> torch.Tensor:
 
 # %% ../nbs/05_multihead.ipynb #2d636ecd
 class HeadProjection(nn.Module):
-    """`QKVProjection` cut into H heads: Q `(B, H, T, D)`, K and V `(B, H, S, D)`.
+    """`QKVProjection` cut into heads: Q `(B, H, T, D)`, K and V `(B, H_kv, S, D)`.
+    `n_kv_heads` (H_kv, default H) K/V heads each serve H / H_kv query heads.
 
     `rotary` rotates self-attention's queries and keys by their `positions` (coming in
     chapter 7); `cache` keeps self-attention's keys and values across calls, and
@@ -67,7 +68,8 @@ class HeadProjection(nn.Module):
     in chapter 10)."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
-                 rotary: nn.Module | None = None, device=None, dtype=None):
+                 rotary: nn.Module | None = None, device=None, dtype=None,
+                 n_kv_heads: int | None = None):
         super().__init__()
         check_positive_int(d_model, "d_model")
         check_positive_int(n_heads, "n_heads")
@@ -81,15 +83,18 @@ class HeadProjection(nn.Module):
                              f"{getattr(rotary, 'head_dim', None)}, but d_model "
                              f"{d_model} / n_heads {n_heads} = {self.head_dim}")
         self.rotary = rotary
-        self.qkv = QKVProjection(d_model, d_model, bias=bias, device=device,
-                                 dtype=dtype)
+        self.n_kv_heads = _check_kv_heads(n_heads, n_kv_heads)
+        kv_width = self.n_kv_heads * self.head_dim  # narrower K and V with fewer heads
+        self.qkv = QKVProjection(d_model, d_model, kv_width, kv_width, bias=bias,
+                                 device=device, dtype=dtype)
 
     def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
         H = self.n_heads
         _check_project_args(x, context, positions, cache, self.rotary)
         if context is not None and not isinstance(context, torch.Tensor):  # a cache
             return (split_heads(self.qkv.queries(x), H), *context.keys_values())
-        q, k, v = (split_heads(t, H) for t in self.qkv(x, context))  # (B, H, T or S, D)
+        q, k, v = self.qkv(x, context)
+        q, k, v = split_heads(q, H), *self._kv_heads(k, v)  # (B, H or H_kv, T or S, D)
         if self.rotary is not None:
             if positions is None:
                 past = 0 if cache is None else len(cache)
@@ -105,10 +110,31 @@ class HeadProjection(nn.Module):
     def context_keys_values(self, context: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:
         "Cross-attention's keys and values `(B, H, S, D)` of `context` (for a cache)."
-        k, v = self.qkv.keys_values(context)
-        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+        return self._kv_heads(*self.qkv.keys_values(context))
+
+    def _kv_heads(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        return split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
 
 # %% ../nbs/05_multihead.ipynb #74704d67
+def _check_kv_heads(n_heads: int, n_kv_heads: int | None) -> int:
+    "H_kv: n_heads if None, else a positive int dividing n_heads."
+    if n_kv_heads is None:
+        return n_heads
+    if check_positive_int(n_kv_heads, "n_kv_heads") > n_heads or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+    return n_kv_heads
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    "`(B, H_kv, S, D)` → `(B, H_kv·groups, S, D)`: each K/V head serves `groups` heads."
+    check_tensor(x, "x", min_dim=3)
+    if check_positive_int(groups, "groups") == 1:
+        return x
+    *lead, H, S, D = x.shape
+    return x.unsqueeze(-3).expand(*lead, H, groups, S, D).reshape(*lead, H * groups,
+                                                                   S, D)
+
+
 def _check_project_args(x, context, positions, cache, rotary) -> None:
     "Raise for the argument combinations `HeadProjection.project` does not serve."
     if cache is not None and not hasattr(cache, "keys_values"):
@@ -160,8 +186,10 @@ class MultiHeadAttention(HeadProjection):
                  bias: bool = True,  # biases in the Q/K/V and output projections
                  dropout: float = 0.0,  # dropout on the attention weights in training
                  rotary: nn.Module | None = None,  # rotary (coming in chapter 7)
-                 device=None, dtype=None):
-        super().__init__(d_model, n_heads, bias, rotary, device, dtype)
+                 device=None, dtype=None,
+                 n_kv_heads: int | None = None,  # H_kv K/V heads; default H
+                 ):
+        super().__init__(d_model, n_heads, bias, rotary, device, dtype, n_kv_heads)
         self.dropout = check_dropout(dropout)
         self.out = nn.Linear(d_model, d_model, bias=bias, device=device,
                              dtype=dtype)  # W_O
@@ -173,7 +201,7 @@ class MultiHeadAttention(HeadProjection):
                 positions=None,  # rotary: (T,) or (B, T) ints, or their angles
                 cache=None,  # a KVCache (coming in chapter 10), extended in place
                 ) -> torch.Tensor:  # (B, T, C)
-        q, k, v = self.project(x, context, positions, cache)
+        q, k, v = self._grouped(*self.project(x, context, positions, cache))
         p = self.dropout if self.training else 0.0
         o = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, D)
         return self.out(merge_heads(o))  # (B, T, C)
@@ -181,10 +209,15 @@ class MultiHeadAttention(HeadProjection):
     def forward_with_weights(self, x, context=None, mask=None, positions=None,
                              cache=None):
         "Like `forward`, by the explicit path; also returns the weights `(B, H, T, S)`."
-        q, k, v = self.project(x, context, positions, cache)
+        q, k, v = self._grouped(*self.project(x, context, positions, cache))
         p = self.dropout if self.training else 0.0
         o, w = attention_with_weights(q, k, v, mask, dropout_p=p)
         return self.out(merge_heads(o)), w
+
+    def _grouped(self, q, k, v) -> tuple:
+        "K and V repeated up to the H query heads (grouped-query attention)."
+        groups = self.n_heads // self.n_kv_heads
+        return q, repeat_kv(k, groups), repeat_kv(v, groups)
 
     @classmethod
     def from_torch(cls, ref: nn.MultiheadAttention) -> "MultiHeadAttention":
@@ -202,7 +235,8 @@ class MultiHeadAttention(HeadProjection):
         return ours.train(ref.training)
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, n_heads={self.n_heads}, "
+        kv = "" if self.n_kv_heads == self.n_heads else f"n_kv_heads={self.n_kv_heads}, "
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, {kv}"
                 f"head_dim={self.head_dim}, dropout={self.dropout}")
 
 # %% ../nbs/05_multihead.ipynb #a77fbaa5

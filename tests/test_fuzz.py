@@ -932,6 +932,23 @@ def _(data):
         expect_tensor(out, (*ld, t, h * d), x.dtype, p.finite)
 
 
+@case("multihead.repeat_kv")
+def _(data):
+    mh = _mod("multihead")
+    p = Probe(data, ["x", "groups"])
+    lead = p.draw(st.lists(st.integers(1, 3), max_size=1).map(tuple), label="lead")
+    H, S, D = (p.draw(st.integers(1, 3), label=n) for n in ("H", "S", "D"))
+    x = p.tensor("x", floats(p, (*lead, H, S, D)), {
+        "noncontig": VALID, "b0": EDGE, "list": BAD, "flat": BAD})
+    groups = p.value("groups", st.integers(1, 3), (0, -1, 1.5, True, None))
+    out = p.run(lambda: p.call("repeat_kv", mh.repeat_kv, x, groups))
+    if ok(out):
+        *ld, h, s, d = x.shape
+        expect_tensor(out, (*ld, h * groups, s, d), x.dtype, p.finite)
+        if out.numel():  # query head r reads K/V head r // groups
+            assert torch.equal(out[..., ::groups, :, :], x)
+
+
 @case("multihead.default_positions")
 def _(data):
     mh = _mod("multihead")

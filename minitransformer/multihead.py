@@ -235,7 +235,8 @@ class MultiHeadAttention(HeadProjection):
         return ours.train(ref.training)
 
     def extra_repr(self) -> str:
-        kv = "" if self.n_kv_heads == self.n_heads else f"n_kv_heads={self.n_kv_heads}, "
+        kv = (f"n_kv_heads={self.n_kv_heads}, " if self.n_kv_heads != self.n_heads
+              else "")
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, {kv}"
                 f"head_dim={self.head_dim}, dropout={self.dropout}")
 

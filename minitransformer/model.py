@@ -11,7 +11,7 @@ from torch import nn
 from .core import (
     check_bool_mask, check_choice, check_flag, check_int, check_number,
     check_positive_int, check_tensor, shape_str)
-from .embeddings import TokenEmbedding
+from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache
 from .layers import Decoder, Encoder, LayerConfig
 from .masks import causal_mask
@@ -22,7 +22,8 @@ from .qkv import _autocast_on
 
 # %% auto #0
 __all__ = ['POSITION_ENCODINGS', 'TextConfig', 'decoder_mask', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',
-           'EncoderClassifierConfig', 'EncoderClassifier', 'ViTConfig', 'VisionTransformer', 'count_parameters']
+           'EncoderClassifierConfig', 'EncoderClassifier', 'ViTConfig', 'VisionTransformer', 'count_parameters',
+           'TextEncoderConfig', 'TextEncoder']
 
 # %% ../nbs/11_model.ipynb #271cbe27
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rotary")
@@ -52,10 +53,12 @@ class TextConfig(LayerConfig):
 
 
 class _Embed(nn.Module):
-    "Token embeddings + absolute positions (learned, sinusoidal, none), dropout."
+    """Token embeddings + absolute positions (learned, sinusoidal, none) + token types
+    (if `type_vocab_size`), a norm (if given), dropout."""
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, encoding: str,
-                 dropout: float, padding_idx: int | None = None):
+                 dropout: float, padding_idx: int | None = None,
+                 type_vocab_size: int = 0, norm: nn.Module | None = None):
         super().__init__()
         scaled = encoding == "sinusoidal"  # 2017: embeddings * sqrt(C) + waves
         self.tok = TokenEmbedding(vocab_size, d_model, padding_idx, scale=scaled,
@@ -65,13 +68,22 @@ class _Embed(nn.Module):
             self.pos = LearnedPositions(d_model, max_len)
         elif encoding == "sinusoidal":
             self.pos = SinusoidalPositions(d_model, max_len)
+        self.types = None  # BERT's segment embeddings (sentence A or B)
+        if type_vocab_size:
+            self.types = nn.Embedding(type_vocab_size, d_model)
+            nn.init.normal_(self.types.weight, std=0.02)
+        self.norm = norm  # BERT: a LayerNorm over the sum
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor,
-                name: str = "ids") -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, name: str = "ids",
+                token_types: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tok(ids, name)  # (B, T, C); errors name the caller's argument
         if self.pos is not None:
             x = x + self.pos(positions)  # (T, C) or (B, T, C), broadcast
+        if self.types is not None:
+            x = x + self.types(token_types)  # (B, T, C)
+        if self.norm is not None:
+            x = self.norm(x)
         return self.drop(x)
 
 # %% ../nbs/11_model.ipynb #7f5bef0e
@@ -419,3 +431,64 @@ def count_parameters(model: nn.Module) -> int:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+# %% ../nbs/11_model.ipynb #3f528d9b
+@dataclass(frozen=True, kw_only=True)
+class TextEncoderConfig(TextConfig):
+    "A BERT-style encoder: token ids → one contextual vector per token."
+    vocab_size: int
+    n_layers: int = 2
+    max_len: int = 512  # the position table's rows (BERT: 512)
+    activation: str = "gelu"
+    norm_eps: float = 1e-12  # BERT's
+    type_vocab_size: int = 0  # token types (segments A, B: 2 in BERT); 0: none
+    embed_norm: bool = True  # a LayerNorm over the summed embeddings (BERT)
+
+    _encodings = ("learned", "sinusoidal")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check("vocab_size", check_positive_int)
+        self._check("n_layers", check_positive_int)
+        self._check("type_vocab_size", check_int, minimum=0)
+        self._check("embed_norm", check_flag)
+        self._check_pad_id(self.vocab_size)
+
+
+class TextEncoder(nn.Module):
+    """Token ids `(B, T)` → hidden states `(B, T, C)`: every real token sees every real
+    token; the vectors at padding positions mean nothing."""
+
+    def __init__(self, config: TextEncoderConfig):
+        super().__init__()
+        _check_config(config, TextEncoderConfig)
+        self.config = c = config
+        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len, c.position_encoding,
+                            c.dropout, c.pad_id, c.type_vocab_size,
+                            c.make_norm() if c.embed_norm else None)
+        self.encoder = Encoder(c.layer(), c.n_layers)
+
+    def forward(self,
+                ids: torch.Tensor,  # (B, T) token ids
+                attention_mask: torch.Tensor | None = None,  # (B, T), True = real
+                token_type_ids: torch.Tensor | None = None,  # (B, T); default all 0
+                ) -> torch.Tensor:  # (B, T, C)
+        B, T = _ids(ids, "ids", self.config.max_len)
+        keep = ids != self.config.pad_id if attention_mask is None else attention_mask
+        mask = _real_tokens(keep, "attention_mask", B, T)  # (B, 1, 1, T)
+        types = _token_types(token_type_ids, ids, self.config.type_vocab_size)
+        x = self.embed(ids, default_positions(0, T, ids.device), "ids", types)
+        return self.encoder(x, mask=mask)  # padding only, no causal mask
+
+
+def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
+    "The checked token types `(B, T)`, zeros if None (and None without types)."
+    if token_type_ids is None:
+        return torch.zeros_like(ids) if n_types else None
+    if not n_types:
+        raise ValueError("token_type_ids were given, but the config has "
+                         "type_vocab_size=0")
+    if isinstance(token_type_ids, torch.Tensor) and token_type_ids.shape != ids.shape:
+        raise ValueError(f"token_type_ids must be (B, T) like ids "
+                         f"{shape_str(ids)}, got {shape_str(token_type_ids)}")
+    return check_token_ids(token_type_ids, n_types, "token_type_ids")

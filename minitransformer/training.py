@@ -25,8 +25,8 @@ from .core import (
     check_choice, check_flag, check_int, check_number, check_positive_int,
     check_probability, check_tensor, shape_str)
 from .model import (
-    GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig, Transformer,
-    TransformerConfig, ViTConfig, VisionTransformer)
+    GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig, TextEncoder,
+    TextEncoderConfig, Transformer, TransformerConfig, ViTConfig, VisionTransformer)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'save_checkpoint',
@@ -215,7 +215,8 @@ def _adamw(params: list, lr: float, betas: tuple,
 FORMAT = "minitransformer-checkpoint-3"  # 3: safetensors + JSON; 2: torch.save (.pt)
 _MODELS = {"GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
            "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
-           "VisionTransformer": (VisionTransformer, ViTConfig)}
+           "VisionTransformer": (VisionTransformer, ViTConfig),
+           "TextEncoder": (TextEncoder, TextEncoderConfig)}
 _TRAIN = "train/"  # names of a training run's extra tensors (optimiser, average)
 
 

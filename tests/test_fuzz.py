@@ -1999,6 +1999,22 @@ def _(data):
     _config_case(data, "EncoderClassifierConfig", _classifier_fields())
 
 
+def _text_encoder_fields():
+    f = {**_layer_fields(), **_text_fields(["vocab_size"]),
+         "vocab_size": (st.integers(4, 20), POS_INT_BAD, lambda v, kw: pos_int(v)),
+         "n_layers": _pos_field(2),
+         "type_vocab_size": (st.integers(0, 2), (-1, 1.5, True, None, "2"),
+                             lambda v, kw: pos_int(v, lo=0)),
+         "embed_norm": _bool_field()}
+    f["position_encoding"] = _choice_field(("learned", "sinusoidal"), ("rotary", "alibi", None))
+    return f
+
+
+@case("model.TextEncoderConfig", examples=40)
+def _(data):
+    _config_case(data, "TextEncoderConfig", _text_encoder_fields())
+
+
 @case("model.ViTConfig", examples=40)
 def _(data):
     def check(c):
@@ -2253,6 +2269,50 @@ def _(data):
     out = p.run(go)
     if ok(out):
         expect_tensor(out, (ids.shape[0], c.n_classes), torch.float32, p.finite, "logits")
+
+
+@case("model.TextEncoder", examples=40)
+def _(data):
+    model = _mod("model")
+    p = Probe(data, ["config", "ids", "attention_mask", "token_type_ids"])
+    c = _valid_config(p, _text_encoder_fields(), "TextEncoderConfig",
+                      max_len=p.draw(st.integers(1, 8), label="max_len"))
+    V, L = c.vocab_size, c.max_len
+    B, T = p.draw(st.integers(1, 3), label="B"), p.draw(st.integers(1, L), label="T")
+    ids = _ids_arg(p, "ids", ids_of(p, (B, T), V), V, L)
+    config = c
+    if p.hit("config"):
+        kind = p.draw(st.sampled_from(["dict", "None"]))
+        config = {"dict": lambda: dataclasses.asdict(c), "None": lambda: None}[kind]
+        p.mark(BAD, ["config", "TextEncoderConfig"], f"config: {kind}")
+    am = bools(p, (B, T), "attention_mask") if p.draw(st.booleans(), label="am") else None
+    if p.hit("attention_mask"):
+        am = p.tensor("attention_mask", am if am is not None else bools(p, (B, T)), {
+            "float": BAD, "list": BAD, "shorter": (BAD, lambda m: m[:, 1:]),
+            "four_dims": (BAD, lambda m: m[:, None, None, :])})
+    types = None
+    if c.type_vocab_size and p.draw(st.booleans(), label="types"):
+        types = ids_of(p, (B, T), c.type_vocab_size)
+    if p.hit("token_type_ids"):
+        n = max(c.type_vocab_size, 1)
+        base = types if types is not None else ids_of(p, (B, T), n)
+        if c.type_vocab_size:
+            types = p.tensor("token_type_ids", base, {
+                "float": BAD, "too_big": (BAD, lambda t: t + n),
+                "shorter": (BAD, lambda t: t[:, 1:])})
+        else:  # a model without token types takes none
+            types = base
+            p.mark(BAD, ["token_type_ids", "type_vocab_size"], "types without a table")
+
+    def go():
+        m = p.call("TextEncoder", model.TextEncoder,
+                   config() if callable(config) else config)
+        m.eval()
+        return p.call("forward", m, ids, am, types)
+    out = p.run(go)
+    if ok(out):
+        expect_tensor(out, (ids.shape[0], ids.shape[1], c.d_model), torch.float32,
+                      p.finite, "hidden states")
 
 
 @case("model.VisionTransformer", examples=40)

@@ -22,6 +22,11 @@ def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -
     if not (isinstance(shape, (tuple, torch.Size))
             and all(isinstance(n, int) and n >= 0 for n in shape)):
         raise TypeError(f"shape must be a tuple of sizes, got {shape!r}")
+    _check_mask(mask, shape)
+
+
+def _check_mask(mask, shape: tuple) -> None:
+    "`check_mask` for a `shape` known to be valid (inside the attention functions)."
     if mask is None:
         return
     check_tensor(mask, "mask")
@@ -44,7 +49,7 @@ def _check_args(q, k, v, mask, dropout_p, scale) -> tuple[float, torch.Tensor | 
         scale = check_number(scale, "scale")
     if mask is not None:
         lead = broadcast_shape(q.shape[:-2], k.shape[:-2])
-        check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
+        _check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
         if mask.dim() < 2:  # (S,) or (): one row for every query
             mask = mask.reshape((1,) * (2 - mask.dim()) + mask.shape)
     return scale, mask

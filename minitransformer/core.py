@@ -63,6 +63,8 @@ def check_tensor(x, name: str, *, min_dim: int = 0,
 def _check_shapes(shapes) -> None:
     "Raise unless each of `shapes` is a tuple (list, `torch.Size`) of ints >= 0."
     for shape in shapes:
+        if type(shape) is torch.Size:  # a tensor's shape: ints >= 0 by construction
+            continue
         if not isinstance(shape, (tuple, list)) or not all(
                 isinstance(s, int) and not isinstance(s, bool) for s in shape):
             raise TypeError(f"shapes must be tuples of ints, got {shape!r}")
@@ -100,6 +102,8 @@ def _need(low, high, low_open: bool, high_open: bool) -> str:
 
 def check_int(value, name: str, *, minimum: int | None = None) -> int:
     "`value` as a plain int if it is an integer ≥ `minimum` (not a bool); else raise."
+    if type(value) is int and (minimum is None or value >= minimum):
+        return value  # the common case, without the slower checks below
     ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not ok or (minimum is not None and value < minimum):
         need = ("a positive int" if minimum == 1 else
@@ -117,8 +121,9 @@ def check_number(value, name: str, *, low: float | None = None,
                  high: float | None = None, low_open: bool = False,
                  high_open: bool = False) -> float:
     "`value` as a plain float if it is a finite real number in range; else raise."
-    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value))
+    real = type(value) in (float, int) or (  # the common cases first: fast
+        isinstance(value, numbers.Real) and not isinstance(value, bool))
+    ok = real and math.isfinite(value)
     ok = ok and (low is None or value > low or (not low_open and value == low))
     ok = ok and (high is None or value < high or (not high_open and value == high))
     if not ok:  # NaN and ±inf are never accepted

@@ -217,6 +217,8 @@ class MultiHeadAttention(HeadProjection):
     def _grouped(self, q, k, v) -> tuple:
         "K and V repeated up to the H query heads (grouped-query attention)."
         groups = self.n_heads // self.n_kv_heads
+        if groups == 1:  # plain multi-head attention
+            return q, k, v
         return q, repeat_kv(k, groups), repeat_kv(v, groups)
 
     @classmethod

@@ -35,6 +35,8 @@ class TextConfig(LayerConfig):
     max_len: int = 256  # longest sequence (prompt + generated) the model handles
     position_encoding: str = "learned"  # learned | sinusoidal | rotary
     rope_base: float = 10000.0  # θ base for rotary positions
+    rope_interleaved: bool = False  # rotary pairs (x0, x1), ... (GPT-J, llama.cpp's
+    # GGUF layout) instead of the two halves (x_i, x_i+D/2: Llama, GPT-NeoX)
     pad_id: int = 0  # the padding token's id
 
     def __post_init__(self):
@@ -42,6 +44,7 @@ class TextConfig(LayerConfig):
         self._check("max_len", check_positive_int)
         self._check("position_encoding", check_choice, self._encodings)
         self._check("rope_base", check_number, low=1, low_open=True)
+        self._check("rope_interleaved", check_flag)
         self._check("pad_id", check_int, minimum=0)
 
     _encodings = POSITION_ENCODINGS  # the position encodings the model supports
@@ -173,7 +176,8 @@ class GPT(nn.Module):
         super().__init__()
         _check_config(config, GPTConfig)
         self.config = c = config
-        rotary = (RotaryEmbedding(c.head_dim, c.max_len, c.rope_base)
+        rotary = (RotaryEmbedding(c.head_dim, c.max_len, c.rope_base,
+                                  interleaved=c.rope_interleaved)
                   if c.position_encoding == "rotary" else None)
         self.embed = _Embed(c.vocab_size, c.d_model, c.max_len, c.position_encoding,
                             c.dropout)

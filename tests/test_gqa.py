@@ -98,3 +98,27 @@ def test_a_cache_for_other_kv_heads_is_refused():
     b = GPT(GPTConfig(vocab_size=10, max_len=8, d_model=16, n_heads=4, n_layers=1))
     with pytest.raises(ValueError, match="cache was allocated for"):
         a(torch.zeros(1, 2, dtype=torch.long), cache=b.make_cache(1))
+
+
+def test_gpt_config_picks_the_rotary_layout():
+    """Interleaved pairs (llama.cpp's GGUF layout) or halves: the same model up to a
+    permutation of each head's query and key rows."""
+    torch.manual_seed(3)
+    halves = GPTConfig(vocab_size=20, max_len=16, d_model=24, n_heads=3, n_kv_heads=1,
+                       n_layers=1, position_encoding="rotary", bias=False)
+    a = GPT(halves).eval()
+    b = GPT(dataclasses.replace(halves, rope_interleaved=True)).eval()
+    assert b.decoder.rotary.interleaved and not a.decoder.rotary.interleaved
+    b.load_state_dict(a.state_dict())
+    D = 8  # head width: halves index i and i + D/2 <-> interleaved 2i and 2i + 1
+    perm = torch.arange(D).view(2, D // 2).t().reshape(-1)  # 0, 4, 1, 5, 2, 6, 3, 7
+    with torch.no_grad():
+        for proj, heads in ((b.decoder.layers[0].self_attn.qkv.q_proj, 3),
+                            (b.decoder.layers[0].self_attn.qkv.k_proj, 1)):
+            w = proj.weight.view(heads, D, -1)
+            proj.weight.copy_(w[:, perm].reshape(heads * D, -1))
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(a(ids), b(ids), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="rope_interleaved"):
+        dataclasses.replace(halves, rope_interleaved=1)

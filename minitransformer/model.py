@@ -197,6 +197,7 @@ class GPT(nn.Module):
                 # (left padding: pass positions counted from each row's first token)
                 cache: DecoderCache | None = None,  # keys and values of earlier tokens
                 full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
+                last_only: bool = False,  # logits of the last position only, (B, 1, V)
                 ) -> torch.Tensor:  # (B, T, V) logits
         past = 0 if cache is None else len(cache)
         B, T = _ids(ids, "ids", self.config.max_len, past)
@@ -206,7 +207,8 @@ class GPT(nn.Module):
         mask = decoder_mask(B, T, past, attention_mask, full_attention_mask, ids.device)
         x = self.embed(ids, positions)  # (B, T, C)
         rotary = positions if self.decoder.rotary is not None else None
-        return self.head(self.decoder(x, mask=mask, positions=rotary, cache=cache))
+        h = self.decoder(x, mask=mask, positions=rotary, cache=cache)  # (B, T, C)
+        return self.head(h[:, -1:] if check_flag(last_only, "last_only") else h)
 
     def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
         "Empty caches for every block, on the model's device and in its dtype."

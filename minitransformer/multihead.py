@@ -201,9 +201,10 @@ class MultiHeadAttention(HeadProjection):
                 positions=None,  # rotary: (T,) or (B, T) ints, or their angles
                 cache=None,  # a KVCache (coming in chapter 10), extended in place
                 ) -> torch.Tensor:  # (B, T, C)
-        q, k, v = self._grouped(*self.project(x, context, positions, cache))
+        q, k, v = self.project(x, context, positions, cache)  # K, V: H_kv heads
         p = self.dropout if self.training else 0.0
-        o = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, D)
+        o = scaled_dot_product_attention(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
+                                         enable_gqa=self.n_kv_heads != self.n_heads)
         return self.out(merge_heads(o))  # (B, T, C)
 
     def forward_with_weights(self, x, context=None, mask=None, positions=None,

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minitransformer import attention
 from minitransformer.generation import generate
 from minitransformer.masks import causal_mask
 from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
@@ -122,3 +123,27 @@ def test_gpt_config_picks_the_rotary_layout():
         torch.testing.assert_close(a(ids), b(ids), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="rope_interleaved"):
         dataclasses.replace(halves, rope_interleaved=1)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_with_grouped_heads_equals_the_explicit_repeat(monkeypatch, fused):
+    "enable_gqa: torch's kernel (>= 2.5) or the repeat fallback, masked or not."
+    monkeypatch.setattr(attention, "_SDPA_GQA", fused and attention._SDPA_GQA)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 5, 8, generator=g)
+    k, v = torch.randn(2, 2, 7, 8, generator=g), torch.randn(2, 2, 7, 8, generator=g)
+    mask = torch.rand(2, 1, 5, 7, generator=g) < 0.7
+    mask[0, 0, 1] = False  # a query that may see nothing outputs zeros
+    for m in (None, mask):
+        got = attention.scaled_dot_product_attention(q, k, v, m, enable_gqa=True)
+        want, _ = attention.attention_with_weights(q, repeat_kv(k, 3), repeat_kv(v, 3), m)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert got[0, :, 1].abs().max() == 0
+
+
+def test_grouped_heads_must_divide_the_query_heads():
+    q, k = torch.randn(1, 6, 3, 4), torch.randn(1, 4, 3, 4)
+    with pytest.raises(ValueError, match="dividing the queries' 6"):
+        attention.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+    with pytest.raises(ValueError, match="do not broadcast"):  # without it: as batch dims
+        attention.scaled_dot_product_attention(q, k, k)

@@ -2859,7 +2859,7 @@ def _(data):
         assert first == [0.0, 2.0, 1.0, 3.0], first
 
 
-def _config_case(data, fn_name, valid: dict, unsupported: dict, optional=()):
+def _hf_config_case(data, fn_name, valid: dict, unsupported: dict, optional=()):
     pre = _mod("pretrained")
     p = Probe(data, ["cfg"])
     cfg = dict(valid)
@@ -2885,7 +2885,7 @@ def _config_case(data, fn_name, valid: dict, unsupported: dict, optional=()):
 
 @case("pretrained.bert_config")
 def _(data):
-    _config_case(data, "bert_config", dict(
+    _hf_config_case(data, "bert_config", dict(
         vocab_size=50, hidden_size=32, num_attention_heads=4, intermediate_size=64,
         num_hidden_layers=2, layer_norm_eps=1e-12, max_position_embeddings=16,
         type_vocab_size=2), {"hidden_act": "relu", "position_embedding_type": "relative"})
@@ -2893,7 +2893,7 @@ def _(data):
 
 @case("pretrained.llama_config")
 def _(data):
-    _config_case(data, "llama_config", dict(
+    _hf_config_case(data, "llama_config", dict(
         vocab_size=50, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=64, num_hidden_layers=2, rms_norm_eps=1e-5,
         max_position_embeddings=64), {
@@ -2904,7 +2904,7 @@ def _(data):
 
 @case("pretrained.gpt2_config")
 def _(data):
-    _config_case(data, "gpt2_config", dict(
+    _hf_config_case(data, "gpt2_config", dict(
         vocab_size=50, n_embd=32, n_head=4, n_layer=2, layer_norm_epsilon=1e-5,
         n_positions=16), {"activation_function": "relu",
                           "scale_attn_by_inverse_layer_idx": True})

@@ -12,7 +12,7 @@ from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 from minitransformer.multihead import MultiHeadAttention, merge_heads, repeat_kv
 from minitransformer.training import load_checkpoint, save_checkpoint
 
-HAS_ENABLE_GQA = tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 5)
+HAS_ENABLE_GQA = attention._SDPA_GQA  # torch >= 2.5: F.sdpa takes enable_gqa
 
 
 @pytest.mark.parametrize("n_heads, n_kv_heads", [(6, 6), (6, 3), (6, 2), (6, 1)])

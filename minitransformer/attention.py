@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .core import (
-    broadcast_shape, check_dropout, check_number, check_tensor, shape_str)
+    broadcast_shape, check_dropout, check_flag, check_number, check_tensor, shape_str)
 from .mixing import softmax
 from .qkv import check_qkv
 
@@ -39,9 +39,11 @@ def _check_mask(mask, shape: tuple) -> None:
                          f"attention weights' shape {tuple(shape)} = (..., T, S)")
 
 
-def _check_args(q, k, v, mask, dropout_p, scale,
-                enable_gqa: bool = False) -> tuple[float, torch.Tensor | None]:
-    "Check an attention call; return the scale and the mask, made at least 2-D."
+def _check_args(q, k, v, mask, dropout_p, scale, enable_gqa: bool = False,
+                is_causal: bool = False, fused: bool = False) -> tuple:
+    """Check an attention call; return the scale, the mask (made at least 2-D, with
+    the causal rule in it when asked) and whether the `fused` kernel's own causal
+    rule can replace the mask: no other mask and as many queries as keys."""
     if enable_gqa:  # K/V heads (dim -3) divide the query heads; compare one group
         _check_groups(q, k, v)
         check_qkv(q[..., : k.shape[-3], :, :], k, v)
@@ -58,7 +60,13 @@ def _check_args(q, k, v, mask, dropout_p, scale,
         _check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
         if mask.dim() < 2:  # (S,) or (): one row for every query
             mask = mask.reshape((1,) * (2 - mask.dim()) + mask.shape)
-    return scale, mask
+    if check_flag(is_causal, "is_causal"):
+        T, S = q.shape[-2], k.shape[-2]
+        if fused and mask is None and T == S:  # PyTorch's rule (top-left) agrees
+            return scale, None, True
+        causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        mask = causal if mask is None else mask & causal  # bottom-right (chapter 8)
+    return scale, mask, False
 
 
 def _check_groups(q, k, v) -> None:
@@ -79,9 +87,10 @@ def attention_with_weights(
     mask: torch.Tensor | None = None,  # bool, True = may attend; to (..., T, S)
     dropout_p: float = 0.0,  # dropout on the weights (pass 0 when not training)
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
+    is_causal: bool = False,  # also: no query sees a later key (chapter 8)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv), weights (..., T, S)
     "Scaled dot-product attention step by step; returns the output and the weights."
-    scale, mask = _check_args(q, k, v, mask, dropout_p, scale)
+    scale, mask, _ = _check_args(q, k, v, mask, dropout_p, scale, is_causal=is_causal)
     scores = q @ k.transpose(-2, -1) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
     if mask is not None:
         # blocked keys get no weight: -inf is *added*, as in PyTorch's kernels, so
@@ -109,9 +118,13 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,  # dropout on the weights (pass 0 when not training)
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
     enable_gqa: bool = False,  # k, v may have H_kv heads (dim -3) dividing q's H
+    is_causal: bool = False,  # also: no query sees a later key (chapter 8)
 ) -> torch.Tensor:  # (..., T, Dv)
-    "softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; no allowed key gives 0."
-    scale, mask = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa)
+    """softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; no allowed key gives 0.
+    `is_causal` without a mask, over as many queries as keys, builds no mask at all:
+    the kernel skips the blocked half itself (on CUDA, the flash kernel)."""
+    scale, mask, causal = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa,
+                                      is_causal, fused=True)
     kw = {}
     if enable_gqa and k.shape[-3] != q.shape[-3]:  # grouped-query attention (ch. 5)
         if _SDPA_GQA:  # the kernel reads each K/V head for its group of query heads
@@ -120,7 +133,7 @@ def scaled_dot_product_attention(
             g = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                         scale=scale, **kw)
+                                         is_causal=causal, scale=scale, **kw)
     if mask is not None:  # (..., T, 1): queries that may see nothing output zeros
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out

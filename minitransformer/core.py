@@ -10,8 +10,9 @@ import random
 import torch
 
 # %% auto #0
-__all__ = ['default_device', 'seed_everything', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int',
-           'check_number', 'check_probability', 'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask']
+__all__ = ['default_device', 'tracing', 'seed_everything', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_int',
+           'check_positive_int', 'check_number', 'check_probability', 'check_dropout', 'check_choice', 'check_flag',
+           'check_bool_mask']
 
 # %% ../nbs/00_core.ipynb #cb507d07
 def default_device() -> torch.device:
@@ -22,6 +23,16 @@ def default_device() -> torch.device:
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def tracing() -> bool:
+    """Whether `torch.compile` is tracing the current call. Checks that read a
+    tensor's values (not just its shape) skip themselves then: each would split the
+    compiled graph in two, and the compiled callers pass values already checked."""
+    is_compiling = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
+    if is_compiling is None:
+        is_compiling = torch._dynamo.is_compiling
+    return is_compiling()
 
 # %% ../nbs/00_core.ipynb #08a481c1
 def seed_everything(seed: int) -> None:
@@ -80,7 +91,7 @@ def broadcast_shape(*shapes) -> tuple[int, ...] | None:
     # generated token.
     _check_shapes(shapes)
     out = []
-    for i in range(1, max(map(len, shapes), default=0) + 1):
+    for i in range(1, max([0] + [len(s) for s in shapes]) + 1):
         size = 1
         for shape in shapes:
             if i <= len(shape) and shape[-i] != 1:

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import (
-    check_flag, check_int, check_number, check_positive_int, check_tensor, shape_str)
+from minitransformer.core import (
+    check_flag, check_int, check_number, check_positive_int, check_tensor, shape_str,
+    tracing)
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']
@@ -159,7 +160,7 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int,
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor (torch.long), "
                         f"got dtype {ids.dtype}")
-    if ids.numel():
+    if ids.numel() and not tracing():  # (torch.compile: values not read)
         bad = (ids < 0) | (ids >= vocab_size)
         if bad.any():
             where = tuple(torch.nonzero(bad)[0].tolist())

@@ -108,15 +108,20 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
              stop_token: int | None = None,  # a row stops after this id (not returned)
              generator: torch.Generator | None = None,  # seeds sampling
              use_cache: bool = True,  # False: recompute everything at every step
+             compile: bool | str = False,  # torch.compile the step (or: a backend)
              ) -> list[list[int]]:  # the new tokens of each row
     """Continue each prompt token by token. Prompts of different lengths are padded
     on the left, with positions counted from each row's first real token and the
-    padding masked, so each row gets exactly the tokens it would get alone."""
+    padding masked, so each row gets exactly the tokens it would get alone.
+    `compile` runs each one-token step through `torch.compile` over a static cache
+    (whole buffers and a length mask): every step has the same shapes, so the
+    compiled code is reused."""
     if not isinstance(model, (GPT, Transformer)):
         raise TypeError(f"model must be a GPT or a Transformer, got "
                         f"{type(model).__name__}")
     _check_sampling(temperature, top_k, top_p, generator)
     check_flag(use_cache, "use_cache")
+    backend = _check_compile(compile, use_cache)  # None: run eagerly
     if stop_token is not None:
         check_int(stop_token, "stop_token")
     encdec = isinstance(model, Transformer)
@@ -141,22 +146,27 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         for b, r in enumerate(src_rows):
             src[b, : len(r)] = torch.tensor(r, device=device)
         memory, source_mask = model.encode(src)
-    cache = None
+    cache, static = None, backend is not None
     if use_cache and encdec:
-        cache = model.make_cache(memory, total)  # cross-attention filled once
+        cache = model.make_cache(memory, total, static)  # cross-attention filled once
     elif use_cache:
-        cache = model.make_cache(B, total)
+        cache = model.make_cache(B, total, static=static)
+    step = model.decode if encdec else model.forward
+    if static:  # compiled once for the one-token steps (the prompt runs eagerly)
+        step = torch.compile(step, backend=backend)
     done, out = [False] * B, [[] for _ in range(B)]
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     for t in range(P, total):
         lo = (t - 1 if t > P else 0) if use_cache else 0  # cached: the newest token
-        kw = dict(attention_mask=real[:, :t] if padded else None,
+        real_t = real if static else real[:, :t]  # static: (B, total) every step
+        kw = dict(attention_mask=real_t if padded else None,
                   positions=positions[:, lo:t], cache=cache)
+        run = step if t > P else (model.decode if encdec else model.forward)
         if encdec:  # with a cache, the encoder output is already in it
             mem = None if use_cache else memory
-            logits = model.decode(ids[:, lo:t], mem, source_mask, **kw)
+            logits = run(ids[:, lo:t], mem, source_mask, **kw)
         else:
-            logits = model(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
+            logits = run(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
         nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
         for b, token in enumerate(nxt.tolist()):  # one transfer per step, not per row
             if not done[b]:
@@ -167,3 +177,16 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         if all(done):
             break
     return out
+
+def _check_compile(compile, use_cache: bool) -> str | None:
+    "The torch.compile backend `compile` asks for (True: inductor), or None."
+    if compile is False:
+        return None
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if compile is not True and compile not in backends:
+        raise ValueError(f"compile must be True, False or a torch.compile backend "
+                         f"({', '.join(sorted(backends))}), got {compile!r}")
+    if not use_cache:
+        raise ValueError("compile=... compiles the cached one-token step; it needs "
+                         "use_cache=True")
+    return "inductor" if compile is True else compile

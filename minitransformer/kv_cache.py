@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import check_int, check_positive_int, check_tensor, shape_str
+from .core import (
+    check_flag, check_int, check_positive_int, check_tensor, shape_str)
 from .layers import Decoder
 
 # %% auto #0
@@ -19,11 +20,14 @@ class KVCache:
 
     `update(k, v)` writes the new `(B, H, T, D)` entries after the `len(cache)` stored
     ones and returns all of them; the cache knows its own length and refuses to grow
-    past `max_len`."""
+    past `max_len`. A `static` cache returns the whole buffers instead, so shapes stay
+    the same from token to token (for `torch.compile`); the caller then masks the
+    positions from `len(cache)` on."""
 
     def __init__(self, batch_size: int, n_heads: int, max_len: int, head_dim: int,
                  device: torch.device | str | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32,
+                 static: bool = False):  # update returns the whole buffers
         for name, n in (("batch_size", batch_size), ("n_heads", n_heads),
                         ("max_len", max_len), ("head_dim", head_dim)):
             check_positive_int(n, name)
@@ -33,6 +37,7 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H, max_len, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0  # how many positions hold real keys and values
+        self.static = check_flag(static, "static")
 
     def __len__(self) -> int:
         return self.length
@@ -58,6 +63,8 @@ class KVCache:
         self.k[:, :, self.length : self.length + T] = k
         self.v[:, :, self.length : self.length + T] = v
         self.length += T
+        if self.static:  # (B, H, max_len, D): positions from len on must be masked
+            return self.k, self.v
         return self.keys_values()  # (B, H, len, D) each
 
     def truncate(self, length: int) -> None:
@@ -75,8 +82,9 @@ class KVCache:
         self.length = 0
 
     def __repr__(self) -> str:
+        static = ", static" if self.static else ""
         return (f"KVCache(length={self.length}, shape={shape_str(self.k)}, "
-                f"dtype={self.k.dtype}, device={self.k.device})")
+                f"dtype={self.k.dtype}, device={self.k.device}{static})")
 
 # %% ../nbs/10_kv_cache.ipynb #76b0c7b4
 def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -127,6 +135,11 @@ class DecoderCache:
                     or not all(isinstance(c, KVCache) for c in caches)):
                 raise TypeError(f"{name} must be a non-empty list of KVCache, one per "
                                 f"layer, got {caches!r:.80}")
+        if len({c.static for c in self.self_attn}) != 1:
+            raise ValueError("self_attn's caches must be all static or none")
+        if any(c.static for c in self.cross_attn or []):
+            raise ValueError("cross_attn's caches are read whole: they cannot be "
+                             "static")
         if len({len(c) for c in self.self_attn}) != 1:
             raise ValueError(f"self_attn's caches must all hold as many positions, got "
                              f"{[len(c) for c in self.self_attn]}")
@@ -139,14 +152,16 @@ class DecoderCache:
                  n_heads: int,  # the K/V heads a cache stores (n_kv_heads)
                  max_len: int,
                  head_dim: int, source_len: int | None = None, device=None,
-                 dtype: torch.dtype = torch.float32) -> DecoderCache:
-        "Empty caches for every layer; cross-attention ones of `source_len` if given."
+                 dtype: torch.dtype = torch.float32,
+                 static: bool = False) -> DecoderCache:
+        """Empty caches for every layer; cross-attention ones of `source_len` if given.
+        `static`: the self-attention caches return whole buffers (see `KVCache`)."""
         check_positive_int(n_layers, "n_layers")
         if source_len is not None:
             check_positive_int(source_len, "source_len")
         kw = dict(device=device, dtype=dtype)
-        self_attn = [KVCache(batch_size, n_heads, max_len, head_dim, **kw)
-                     for _ in range(n_layers)]
+        self_attn = [KVCache(batch_size, n_heads, max_len, head_dim, **kw,
+                             static=static) for _ in range(n_layers)]
         cross = None if source_len is None else [
             KVCache(batch_size, n_heads, source_len, head_dim, **kw)
             for _ in range(n_layers)]
@@ -154,7 +169,8 @@ class DecoderCache:
 
     @classmethod
     def for_decoder(cls, decoder: Decoder, batch_size: int, max_len: int,
-                    source_len: int | None = None) -> DecoderCache:
+                    source_len: int | None = None,
+                    static: bool = False) -> DecoderCache:
         "Empty caches shaped for `decoder`, on its device and in its dtype."
         if not isinstance(decoder, Decoder):
             raise TypeError(f"decoder must be a Decoder, got {type(decoder).__name__}")
@@ -163,7 +179,7 @@ class DecoderCache:
                              "length of the encoder output; one without takes none")
         attn, p = decoder.layers[0].self_attn, next(decoder.parameters())
         return cls.allocate(len(decoder.layers), batch_size, attn.n_kv_heads, max_len,
-                            attn.head_dim, source_len, p.device, p.dtype)
+                            attn.head_dim, source_len, p.device, p.dtype, static)
 
     def fill_cross_attention(self, decoder: Decoder, memory: torch.Tensor) -> None:
         "Project the encoder output `memory` `(B, S, C)` into each layer's cross cache."
@@ -184,11 +200,21 @@ class DecoderCache:
 
     def __len__(self) -> int:
         "Tokens processed so far (every layer's self-attention cache holds as many)."
-        lengths = {len(c) for c in self.self_attn}
-        if len(lengths) != 1:
+        length = self.self_attn[0].length  # (no set: torch.compile reads it)
+        if any(c.length != length for c in self.self_attn):
             raise RuntimeError(f"the layers' caches disagree on their length: "
-                               f"{sorted(lengths)}; reset() the cache")
-        return lengths.pop()
+                               f"{sorted({len(c) for c in self.self_attn})}; reset() "
+                               "the cache")
+        return length
+
+    @property
+    def static(self) -> bool:
+        "Whether the self-attention caches return whole buffers (see `KVCache`)."
+        return self.self_attn[0].static
+
+    @property
+    def max_len(self) -> int:
+        return self.self_attn[0].max_len
 
     @property
     def nbytes(self) -> int:

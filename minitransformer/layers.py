@@ -218,6 +218,7 @@ class DecoderLayer(_Sublayers):
                 positions=None,  # rotary positions of the T tokens
                 self_cache=None,  # self-attention's KVCache (coming in chapter 10)
                 cross_cache=None,  # cross-attention's, filled once from memory
+                is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 ) -> torch.Tensor:
         self._check_x(x)
         if self.cross_attn is None and (memory is not None or cross_cache is not None):
@@ -232,7 +233,7 @@ class DecoderLayer(_Sublayers):
             _check_memory(cross_cache if memory is None else memory, memory_mask, x,
                           self.cross_attn.n_heads)
         x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
-            h, mask=mask, positions=positions, cache=self_cache))
+            h, mask=mask, positions=positions, cache=self_cache, is_causal=is_causal))
         if self.cross_attn is not None:
             context = memory if memory is not None else cross_cache
             x = self._residual(x, self.cross_norm,
@@ -305,7 +306,8 @@ class Decoder(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None,
                 memory_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, cache=None,
+                is_causal: bool = False) -> torch.Tensor:
         self.layers[0]._check_x(x)  # before the positions read its shape
         if cache is not None and not isinstance(getattr(cache, "self_attn", 0), list):
             raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
@@ -331,7 +333,7 @@ class Decoder(nn.Module):
             _check_cache_shape(self_caches + list(cross_caches), self.layers[0], x)
         try:
             for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
-                x = layer(x, memory, mask, memory_mask, angles, sc, cc)
+                x = layer(x, memory, mask, memory_mask, angles, sc, cc, is_causal)
         except Exception:  # an error leaves every layer's cache as it was before
             for c in self_caches if cache is not None else []:
                 c.truncate(past)

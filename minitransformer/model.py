@@ -128,31 +128,49 @@ def _real_tokens(mask: torch.Tensor, name: str, B: int, S: int) -> torch.Tensor:
 
 
 def decoder_mask(B: int, T: int, past: int, attention_mask=None,
-                 full_attention_mask=None, device=None) -> torch.Tensor | None:
+                 full_attention_mask=None, device=None,
+                 keys: int | None = None) -> torch.Tensor | None:
     """Self-attention mask of T new tokens after `past` cached ones: causal AND
     `attention_mask` `(B, past + T)` (True = real token), or `full_attention_mask`
     `(..., T, past + T)` as given. None when it would mask nothing (one new token,
-    no padding): attention then runs unmasked, by PyTorch's fastest kernel."""
+    no padding): attention then runs unmasked, by PyTorch's fastest kernel.
+    `keys` (a static cache's max_len, default past + T): the key positions attention
+    reads; those from past + T on are still empty and masked (`attention_mask` may
+    then also be `(B, keys)`)."""
     B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
     past = check_int(past, "past", minimum=0)
+    S = past + T
+    keys = S if keys is None else check_int(keys, "keys", minimum=S)
     if full_attention_mask is not None:
         if attention_mask is not None:
             raise ValueError("give attention_mask (real tokens) or "
                              "full_attention_mask, not both")
         check_bool_mask(full_attention_mask, "full_attention_mask")
-        want = (B, 1, T, past + T)  # (B, H, T, S) or anything that broadcasts to it
+        want = (B, 1, T, S)  # (B, H, T, S) or anything that broadcasts to it
         shape = full_attention_mask.shape
         if (shape[-2:] != want[-2:] or full_attention_mask.dim() > 4
                 or (full_attention_mask.dim() == 4 and shape[0] not in (1, B))):
             raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
-                             f"B={B}, T={T}, S={past + T}, got {tuple(shape)}")
-        return full_attention_mask
-    if T == 1 and attention_mask is None:  # the newest token sees every earlier one
+                             f"B={B}, T={T}, S={S}, got {tuple(shape)}")
+        return _empty_after(full_attention_mask, keys)
+    if T == 1 and attention_mask is None and keys == S:  # the newest token sees all
         return None
-    mask = causal_mask(T, past + T, device=device)  # (T, past + T)
-    if attention_mask is not None:  # (B, 1, T, past + T)
-        mask = mask & _real_tokens(attention_mask, "attention_mask", B, past + T)
+    # causal (T, keys): query i, at position past + i, sees keys 0 .. past + i
+    mask = (causal_mask(T, S, device=device) if keys == S else
+            torch.arange(keys, device=device) <= torch.arange(past, S,
+                                                               device=device)[:, None])
+    if attention_mask is not None:  # (B, 1, T, keys)
+        whole = keys != S and tuple(attention_mask.shape) == (B, keys)
+        real = _real_tokens(attention_mask, "attention_mask", B, keys if whole else S)
+        mask = mask & (real if whole else _empty_after(real, keys))
     return mask
+
+
+def _empty_after(mask: torch.Tensor, keys: int) -> torch.Tensor:
+    "`mask` `(..., S)` extended with False up to `keys` columns."
+    extra = keys - mask.shape[-1]
+    return mask if extra == 0 else torch.cat(
+        [mask, mask.new_zeros(*mask.shape[:-1], extra)], -1)
 
 # %% ../nbs/11_model.ipynb #b42100d1
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +211,7 @@ class GPT(nn.Module):
     def forward(self,
                 ids: torch.Tensor,  # (B, T) token ids
                 attention_mask: torch.Tensor | None = None,  # (B, past+T), True = real
+                # (with a static cache, also (B, max_len): positions after T ignored)
                 positions: torch.Tensor | None = None,  # (T,)/(B, T); None: after cache
                 # (left padding: pass positions counted from each row's first token)
                 cache: DecoderCache | None = None,  # keys and values of earlier tokens
@@ -204,17 +223,27 @@ class GPT(nn.Module):
         _check_positions(positions, B, T)
         if positions is None:
             positions = default_positions(past, T, ids.device)
-        mask = decoder_mask(B, T, past, attention_mask, full_attention_mask, ids.device)
+        static = getattr(cache, "static", False)  # keys: the whole cache, masked
+        # causal alone: no mask is built, attention applies the rule itself
+        causal = (T > 1 and attention_mask is None and full_attention_mask is None
+                  and not static)
+        mask = None if causal else decoder_mask(
+            B, T, past, attention_mask, full_attention_mask, ids.device,
+            keys=cache.max_len if static else None)
         x = self.embed(ids, positions)  # (B, T, C)
         rotary = positions if self.decoder.rotary is not None else None
-        h = self.decoder(x, mask=mask, positions=rotary, cache=cache)  # (B, T, C)
+        h = self.decoder(x, mask=mask, positions=rotary, cache=cache,
+                         is_causal=causal)  # (B, T, C)
         return self.head(h[:, -1:] if check_flag(last_only, "last_only") else h)
 
-    def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
-        "Empty caches for every block, on the model's device and in its dtype."
+    def make_cache(self, batch_size: int, max_len: int | None = None,
+                   static: bool = False) -> DecoderCache:
+        """Empty caches for every block, on the model's device and in its dtype;
+        `static`: shapes that do not grow per token (for `torch.compile`)."""
         max_len = (self.config.max_len if max_len is None
                    else check_positive_int(max_len, "max_len"))
-        return DecoderCache.for_decoder(self.decoder, batch_size, max_len)
+        return DecoderCache.for_decoder(self.decoder, batch_size, max_len,
+                                        static=static)
 
 # %% ../nbs/11_model.ipynb #b13d9b97
 @dataclass(frozen=True, kw_only=True)
@@ -297,13 +326,18 @@ class Transformer(nn.Module):
         _check_memory(memory, B, self.config.d_model)
         if positions is None:
             positions = default_positions(past, T, tgt.device)
-        mask = decoder_mask(B, T, past, attention_mask, device=tgt.device)
+        static = getattr(cache, "static", False)
+        causal = T > 1 and attention_mask is None and not static  # as in GPT
+        mask = None if causal else decoder_mask(
+            B, T, past, attention_mask, device=tgt.device,
+            keys=cache.max_len if static else None)
         memory_mask = None  # (B, 1, 1, S)
         if source_mask is not None:
             S = _source_len(memory, cache, source_mask)
             memory_mask = _real_tokens(source_mask, "source_mask", B, S)
         x = self.tgt_embed(tgt, positions, "tgt")  # (B, T, C)
-        return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache))
+        return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache,
+                                      is_causal=causal))
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         "Teacher forcing: logits for every target position, given source and prefix."
@@ -313,14 +347,15 @@ class Transformer(nn.Module):
                              "the same batch size B")
         return self.decode(tgt, memory, source_mask)
 
-    def make_cache(self, memory: torch.Tensor,
-                   max_len: int | None = None) -> DecoderCache:
-        "Empty self-attention caches; cross-attention caches filled from `memory`."
+    def make_cache(self, memory: torch.Tensor, max_len: int | None = None,
+                   static: bool = False) -> DecoderCache:
+        """Empty self-attention caches (`static`: see GPT's); cross-attention caches
+        filled from `memory`."""
         _check_memory(memory, len(memory), self.config.d_model, required=True)
         max_len = (self.config.max_len if max_len is None
                    else check_positive_int(max_len, "max_len"))
         cache = DecoderCache.for_decoder(self.decoder, memory.shape[0], max_len,
-                                         source_len=memory.shape[1])
+                                         source_len=memory.shape[1], static=static)
         cache.fill_cross_attention(self.decoder, memory)
         return cache
 

@@ -200,19 +200,21 @@ class MultiHeadAttention(HeadProjection):
                 mask: torch.Tensor | None = None,  # bool, True = attend; (B, H, T, S)
                 positions=None,  # rotary: (T,) or (B, T) ints, or their angles
                 cache=None,  # a KVCache (coming in chapter 10), extended in place
+                is_causal: bool = False,  # also: no query sees a later key (ch. 8)
                 ) -> torch.Tensor:  # (B, T, C)
         q, k, v = self.project(x, context, positions, cache)  # K, V: H_kv heads
         p = self.dropout if self.training else 0.0
         o = scaled_dot_product_attention(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
-                                         enable_gqa=self.n_kv_heads != self.n_heads)
+                                         enable_gqa=self.n_kv_heads != self.n_heads,
+                                         is_causal=is_causal)
         return self.out(merge_heads(o))  # (B, T, C)
 
     def forward_with_weights(self, x, context=None, mask=None, positions=None,
-                             cache=None):
+                             cache=None, is_causal=False):
         "Like `forward`, by the explicit path; also returns the weights `(B, H, T, S)`."
         q, k, v = self._grouped(*self.project(x, context, positions, cache))
         p = self.dropout if self.training else 0.0
-        o, w = attention_with_weights(q, k, v, mask, dropout_p=p)
+        o, w = attention_with_weights(q, k, v, mask, dropout_p=p, is_causal=is_causal)
         return self.out(merge_heads(o)), w
 
     def _grouped(self, q, k, v) -> tuple:

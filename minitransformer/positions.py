@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .core import (
-    check_flag, check_number, check_positive_int, check_tensor, shape_str)
+    check_flag, check_number, check_positive_int, check_tensor, shape_str, tracing)
 from .qkv import _check_float_dtype
 
 # %% auto #0
@@ -40,6 +40,8 @@ def _check_positions(positions: torch.Tensor, max_len: int) -> None:
     if positions.is_floating_point() or positions.dtype == torch.bool:
         raise TypeError("positions must be an integer tensor, "
                         f"got dtype {positions.dtype}")
+    if tracing():  # under torch.compile the values are not read (core's `tracing`)
+        return
     if positions.numel() and (positions.min() < 0 or positions.max() >= max_len):
         raise ValueError(f"positions must lie in [0, {max_len}) (max_len={max_len}), "
                          f"got values from {int(positions.min())} to "

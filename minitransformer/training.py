@@ -3,6 +3,7 @@
 # %% ../nbs/13_training.ipynb #c8b391e6
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import numbers
@@ -13,24 +14,26 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from .core import (
     check_choice, check_flag, check_int, check_number, check_positive_int,
-    check_probability, check_tensor, shape_str)
+    check_probability, check_tensor, default_device, shape_str)
 from .model import (
     GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig, TextEncoder,
     TextEncoderConfig, Transformer, TransformerConfig, ViTConfig, VisionTransformer)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'save_checkpoint',
-           'load_checkpoint', 'train']
+           'load_checkpoint', 'train', 'Rank', 'distributed', 'shard_batch']
 
 # %% ../nbs/13_training.ipynb #83ab1eea
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
@@ -524,6 +527,62 @@ def _read_train_state(path: Path, meta: dict, layout: dict, model: nn.Module,
                 "losses": get(f"{_TRAIN}log/losses").tolist(),
                 "lrs": get(f"{_TRAIN}log/lrs").tolist()}
 
+# %% ../nbs/13_training.ipynb #4550d5fa
+class _Ranks:
+    """What `train` asks of the other processes under `torch.distributed` (torchrun);
+    in a single process it asks nothing and each method returns its input."""
+
+    def __init__(self, device: torch.device):
+        self.on = (dist.is_available() and dist.is_initialized()
+                   and dist.get_world_size() > 1)
+        self.rank = dist.get_rank() if self.on else 0
+        self.size = dist.get_world_size() if self.on else 1
+        nccl = self.on and dist.get_backend() == "nccl"  # NCCL talks in CUDA tensors
+        self.device = device if nccl else torch.device("cpu")
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        "The model to call: DDP's wrapper (which all-reduces gradients) or `model`."
+        if not self.on:
+            return model
+        device = next(model.parameters()).device
+        ids = [device.index] if device.type == "cuda" else None
+        # the buffers (rotary and sinusoid tables) are constants: no copy per step
+        quiet = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                 inspect.signature(DistributedDataParallel).parameters  # torch 2.13+
+                 else {"broadcast_buffers": False})
+        return DistributedDataParallel(model, device_ids=ids, **quiet)
+
+    def seconds(self, seconds: float) -> float:
+        "Rank 0's training time, so every rank sees the same budget and learning rate."
+        if not self.on:
+            return seconds
+        t = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        dist.broadcast(t, src=0)
+        return t.item()
+
+    def weighted(self, loss: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+        """A rank's mean loss over `count` targets, scaled so that DDP's average of the
+        ranks' gradients is the gradient of the mean over all ranks' targets."""
+        if not self.on or count is None:
+            return loss
+        total = count.to(self.device, copy=True)
+        dist.all_reduce(total)  # every rank's targets
+        if total.item() == 0:
+            return loss  # no rank counts a target: the loss is 0 (with a gradient)
+        return loss * (count.item() * self.size / total.item())
+
+    def mean(self, values: torch.Tensor) -> list:
+        "The ranks' mean of `values`: NaN or inf on one rank reaches every rank."
+        if self.on:
+            values = values.to(self.device, torch.float64)
+            dist.all_reduce(values)
+            values = values / self.size
+        return values.tolist()
+
+    def barrier(self) -> None:
+        if self.on:
+            dist.barrier()
+
 # %% ../nbs/13_training.ipynb #a84d18fa
 def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                  schedule, min_lr_ratio, weight_decay, betas, clip, ema, eval_fn,
@@ -532,6 +591,9 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
     "`train`'s arguments checked, as plain values; raise naming the first bad one."
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, DistributedDataParallel):
+        raise TypeError("pass the model itself: train wraps it in "
+                        "DistributedDataParallel when it runs under torchrun")
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model has no trainable parameters (requires_grad=True)")
     for name, fn in (("next_batch", next_batch), ("loss_fn", loss_fn)):
@@ -587,10 +649,10 @@ def _run_args(a: dict) -> dict:
         "weight_decay", "betas", "clip", "ema")}))
 
 
-def _progress(log: TrainLog, clock: _Clock, a: dict) -> float:
+def _progress(log: TrainLog, seconds: float, a: dict) -> float:
     "The fraction of the budget used: of the steps or of the seconds, the larger."
     return max(log.steps / a["steps"] if a["steps"] else 0.0,
-               clock() / a["max_seconds"] if a["max_seconds"] else 0.0)
+               seconds / a["max_seconds"] if a["max_seconds"] else 0.0)
 
 
 def _grad_norm(params: list, clip: float | None) -> torch.Tensor:
@@ -604,14 +666,24 @@ def _grad_norm(params: list, clip: float | None) -> torch.Tensor:
                                                  for g in grads]))
 
 
-def _check_loss(loss) -> torch.Tensor:
-    "`loss` if it is a scalar tensor with a gradient; else raise."
+def _check_loss(out) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`loss_fn`'s result as (loss, count): a scalar tensor with a gradient, alone or
+    with the number of targets its mean is over (a count ≥ 0); else raise."""
+    loss, count = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
+    if count is not None:
+        ok = (isinstance(count, numbers.Integral) and not isinstance(count, bool)
+              or isinstance(count, torch.Tensor) and count.dim() == 0
+              and not count.is_floating_point() and count.dtype != torch.bool)
+        if not ok or count < 0:
+            raise TypeError(f"loss_fn may return (loss, count), count an int >= 0 "
+                            f"(the targets the loss averages over), got {count!r}")
+        count = torch.as_tensor(count, dtype=torch.float64)
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
         what = (shape_str(loss) + ("" if loss.requires_grad else " without grad")
                 if isinstance(loss, torch.Tensor) else type(loss).__name__)
         raise TypeError(f"loss_fn must return a scalar tensor that requires grad, got "
                         f"{what}")
-    return loss
+    return loss, count
 
 
 def _nonfinite(model: nn.Module, log: TrainLog, values: list, policy: str) -> None:
@@ -652,16 +724,26 @@ def train(model: nn.Module,
     clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
     model ends holding them. A step whose loss or gradient is not finite changes no
     weight: it raises `FloatingPointError`, or is skipped (counted in `log.skipped`).
-    `resume` continues exactly where `next_batch(step)` depends on the step alone."""
+    `resume` continues exactly where `next_batch(step)` depends on the step alone.
+
+    Under torchrun (see `distributed`), each process calls `next_batch` for its own
+    share of the batch and `loss_fn` with DistributedDataParallel's wrapper; the
+    gradients are averaged, so every rank takes the same steps. `loss_fn` may return
+    `(loss, count)` to have each rank's mean weighted by its number of targets. Rank 0
+    alone prints, evaluates and saves; the time budget is rank 0's clock."""
     a = _check_train(**locals())
     if a["steps"] == 0 or a["max_seconds"] == 0:
         return TrainLog()  # an empty budget: nothing to do
     params = [p for p in model.parameters() if p.requires_grad]
+    ranks = _Ranks(params[0].device)  # one process, or one of torchrun's
+    net = ranks.wrap(model)  # DDP copies rank 0's weights to every rank
     opt = _adamw(params, a["lr"], a["betas"], a["weight_decay"])
     average = None if a["ema"] is None else WeightAverage(params, a["ema"], "ema")
     log, run = TrainLog(), _run_args(a)
     if a["resume"] and a["checkpoint"].exists():
         _resume(a["checkpoint"], model, opt, average, log, run)
+    lead = ranks.rank == 0  # prints, evaluates and saves
+    log_every = log_every if lead else 0
     clock = _Clock(log.seconds)  # training time: evaluations and saves do not count
     saved_at = None  # the step of the last checkpoint
 
@@ -676,20 +758,20 @@ def train(model: nn.Module,
         with clock.paused():
             _save(model, a["checkpoint"], *_train_state(model, opt, average, log, run))
 
-    model.train()
-    while (progress := _progress(log, clock, a)) < 1.0:
+    net.train()
+    while (progress := _progress(log, ranks.seconds(clock()), a)) < 1.0:
         rate = learning_rate(progress, log.steps, a["lr"], a["warmup"], a["schedule"],
                              a["min_lr_ratio"])
         for group in opt.param_groups:
             group["lr"] = rate
         with torch.autocast(params[0].device.type, dtype=torch.bfloat16,
                             enabled=autocast_bf16):
-            loss = _check_loss(loss_fn(model, next_batch(log.steps)))
+            loss = ranks.weighted(*_check_loss(loss_fn(net, next_batch(log.steps))))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = _grad_norm(params, a["clip"])  # clipped to `clip` if given
-        values = torch.stack([loss.detach().float(),
-                              norm.float().to(loss.device)]).tolist()  # 1 sync
+        values = ranks.mean(torch.stack([loss.detach().float(),  # 1 sync
+                                         norm.float().to(loss.device)]))
         log.steps += 1
         if all(map(math.isfinite, values)):
             opt.step()
@@ -698,16 +780,86 @@ def train(model: nn.Module,
         else:  # no weight, no average moves
             _nonfinite(model, log, values, a["on_nonfinite"])
         log.record_step(values[0], rate, clock(), log_every)
-        if eval_fn is not None and eval_every and log.steps % eval_every == 0:
+        if lead and eval_fn is not None and eval_every and log.steps % eval_every == 0:
             evaluate()
-        if a["checkpoint_every"] and log.steps % a["checkpoint_every"] == 0:
+        if lead and a["checkpoint_every"] and log.steps % a["checkpoint_every"] == 0:
             save()
-    log.seconds = clock()
-    if eval_fn is not None and not (log.evals and log.evals[-1][0] == log.steps):
+    log.seconds = ranks.seconds(clock())
+    if lead and eval_fn is not None and not (log.evals
+                                             and log.evals[-1][0] == log.steps):
         evaluate()
-    if a["checkpoint"] is not None and log.steps != saved_at:
+    if lead and a["checkpoint"] is not None and log.steps != saved_at:
         save()
+    ranks.barrier()  # the final checkpoint is on disk before any rank goes on
     if average is not None:
         _load(params, average.average)  # the model keeps the averaged weights
     model.eval()
     return log
+
+# %% ../nbs/13_training.ipynb #18c58b19
+class Rank(NamedTuple):
+    "This process's place among torchrun's: its rank, their number, its device."
+    rank: int  # 0 .. world_size - 1; rank 0 prints, evaluates and saves
+    world_size: int  # processes in the run
+    local_rank: int  # its number on this machine (its GPU)
+    device: torch.device
+
+
+@contextmanager
+def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL with CUDA
+    """Join the processes `torchrun` started (it sets RANK, WORLD_SIZE, LOCAL_RANK and
+    the rendezvous address): NCCL with one GPU per process where CUDA is available,
+    else gloo on the CPU. Yields this process's `Rank`; leaves the group at the end.
+    Started without torchrun: `Rank(0, 1, 0, default_device())`, nothing to join."""
+    if backend is not None:
+        check_choice(backend, "backend", ("gloo", "nccl"))
+    if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`
+        yield Rank(0, 1, 0, default_device())
+        return
+    env = {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if not all(v.isdigit() for v in env.values()):
+        raise RuntimeError(f"the torchrun environment is incomplete: {env}")
+    rank, size, local = (int(v) for v in env.values())
+    if dist.is_initialized():
+        raise RuntimeError("this process already belongs to a process group; "
+                           "use distributed() once, around the whole run")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    try:
+        yield Rank(rank, size, local, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_batch(batch: torch.Tensor | tuple | list,  # tensors with the batch first
+                rank: int | None = None,  # default: this process's rank
+                world_size: int | None = None,  # default: the processes in the run
+                ) -> torch.Tensor | tuple:
+    """This rank's share of a global batch: rows `rank·b .. (rank+1)·b - 1` of each
+    tensor, `b = B / world_size`. Every rank draws the same global batch and keeps
+    its rows, so N ranks see exactly the windows one process would."""
+    on = dist.is_available() and dist.is_initialized()
+    rank = (dist.get_rank() if on else 0) if rank is None else rank
+    size = (dist.get_world_size() if on else 1) if world_size is None else world_size
+    size = check_positive_int(size, "world_size")
+    rank = check_int(rank, "rank", minimum=0)
+    if rank >= size:
+        raise ValueError(f"rank must be in [0, {size}), got {rank}")
+    single = isinstance(batch, torch.Tensor)
+    parts = (batch,) if single else batch
+    if not isinstance(parts, (tuple, list)) or not parts or not all(
+            isinstance(t, torch.Tensor) and t.dim() >= 1 for t in parts):
+        raise TypeError("batch must be a tensor or a tuple of tensors, each with the "
+                        f"batch as its first dimension, got {type(batch).__name__}")
+    B = parts[0].shape[0]
+    if any(t.shape[0] != B for t in parts) or B % size:
+        raise ValueError(f"every tensor of the batch needs the same first dimension, "
+                         f"divisible by world_size={size}; got "
+                         f"{[tuple(t.shape) for t in parts]}")
+    b = B // size
+    out = tuple(t[rank * b : (rank + 1) * b] for t in parts)
+    return out[0] if single else out

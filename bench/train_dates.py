@@ -3,6 +3,12 @@
     python bench/train_dates.py [--seconds 180] [--eval-every 250] [--d-model 128] ...
 
 Training time excludes the evaluations (greedy decoding of the 2,000 held-out dates, with the KV cache).
+
+Several processes (data parallel): the same command under torchrun, e.g.
+    torchrun --standalone --nproc_per_node=2 bench/train_dates.py --seconds 60
+Each rank draws its own pairs (seeded with --seed and its rank): the global batch is --batch x the number
+of processes. The targets are padded, so each rank's loss is weighted by its number of target tokens
+(loss_fn returns the loss and that count). Rank 0 prints and evaluates.
 """
 import argparse
 import random
@@ -12,7 +18,7 @@ import torch
 from minitransformer.core import seed_everything
 from minitransformer.data import DateTask
 from minitransformer.model import Transformer, TransformerConfig, count_parameters
-from minitransformer.training import sequence_loss, train
+from minitransformer.training import distributed, sequence_loss, train
 
 
 def main() -> None:
@@ -33,6 +39,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
+    with distributed() as me:  # one process, or one of torchrun's
+        run(a, me)
+
+
+def run(a: argparse.Namespace, me) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     seed_everything(a.seed)
@@ -41,19 +52,25 @@ def main() -> None:
                             max_len=64, d_model=a.d_model, n_heads=a.heads, n_encoder_layers=a.layers,
                             n_decoder_layers=a.layers, d_ff=a.d_ff, activation=a.activation,
                             norm_first=not a.post_norm)
-    model = Transformer(cfg)
-    print(f"{count_parameters(model):,} parameters; {cfg}; threads={torch.get_num_threads()}")
-    rng = random.Random(a.seed)
+    model = Transformer(cfg).to(me.device)
+    if me.rank == 0:
+        print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch} x {me.world_size} process(es); "
+              f"threads={torch.get_num_threads()}; {me.device}")
+    rng = random.Random(a.seed + 1_000_003 * me.rank)  # each rank its own pairs
 
     def next_batch(step):
-        return task.encode(task.train_pairs(a.batch, rng))
+        return tuple(t.to(me.device) for t in task.encode(task.train_pairs(a.batch, rng)))
 
     def loss_fn(m, batch):
         src, tgt = batch
-        return sequence_loss(m(src, tgt[:, :-1]), tgt[:, 1:], ignore_id=cfg.pad_id, label_smoothing=a.label_smoothing)
+        targets = tgt[:, 1:]
+        loss = sequence_loss(m(src, tgt[:, :-1]), targets, ignore_id=cfg.pad_id, label_smoothing=a.label_smoothing)
+        return loss, int((targets != cfg.pad_id).sum())  # the mean and what it is over
 
     log = train(model, next_batch, loss_fn, steps=a.steps, max_seconds=a.seconds, lr=a.lr, warmup=a.warmup,
                 eval_fn=lambda m: {"accuracy": task.accuracy(m)}, eval_every=a.eval_every, log_every=a.eval_every)
+    if me.rank != 0:
+        return  # rank 0 evaluated and reports
     print(f"{'step':>6} {'train s':>8} {'accuracy':>9}")
     for step, sec, m in log.evals:
         print(f"{step:>6} {sec:>8.1f} {m['accuracy']:>9.4f}")

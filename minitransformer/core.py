@@ -95,7 +95,7 @@ def broadcast_shape(*shapes) -> tuple[int, ...] | None:
         size = 1
         for shape in shapes:
             if i <= len(shape) and shape[-i] != 1:
-                if size not in (1, shape[-i]):
+                if size != 1 and size != shape[-i]:  # (no `in`: torch.compile)
                     return None
                 size = shape[-i]
         out.append(size)

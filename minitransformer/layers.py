@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .core import (
@@ -19,6 +20,9 @@ from .qkv import _autocast_on, _check_float_dtype
 __all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'DecoderLayer', 'Encoder', 'Decoder']
 
 # %% ../nbs/09_layers.ipynb #241dad9e
+_FUSED_RMS_NORM = hasattr(F, "rms_norm")  # torch >= 2.4
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square normalization of each vector `(..., C)`:
     `x / sqrt(mean(x²) + eps) * weight`."""
@@ -32,6 +36,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_width(x, "x", self.d_model)
+        if _FUSED_RMS_NORM and x.is_cuda:  # torch's fused kernel; on the CPU its
+            # rms_norm runs the steps below one by one, and is no faster
+            return F.rms_norm(x.float(), (self.d_model,), self.weight.float(),
+                              self.eps).to(x.dtype)
         xf = x.float()  # the mean of squares in float32 also under bfloat16
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.float()).to(x.dtype)

@@ -125,13 +125,16 @@ class RotaryEmbedding(nn.Module):
         cos, sin = _check_rotate(x, angles, self.head_dim)  # they fit; else raise
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): all heads
             cos, sin = cos[:, None], sin[:, None]
-        xf = x.float().contiguous()  # q and k arrive as strided views; copy once
+        # (no copy into a contiguous layout: the output keeps x's, and so does the
+        # gradient that attention sends back through it)
+        xf = x.float()  # float32 arithmetic also for bfloat16 (a no-op for float32)
         if self.interleaved:
             x1, x2 = xf[..., 0::2], xf[..., 1::2]  # neighbours
             out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
             out = out.flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
         else:  # rotate_half: x·[cos, cos] + [x2, x1]·[-sin, sin]
             x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
+            # the tables are B·H times smaller than x: widening them costs little
             out = (xf * torch.cat([cos, cos], -1)
                    + torch.cat([x2, x1], -1) * torch.cat([-sin, sin], -1))
         return out.to(x.dtype)  # same shape and dtype as x

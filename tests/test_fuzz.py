@@ -2062,15 +2062,25 @@ def _ids_arg(p, name, ids, V, max_len, names=None):
 @case("model.decoder_mask", examples=40)
 def _(data):
     model, masks = _mod("model"), _mod("masks")
-    p = Probe(data, ["B", "T", "past", "attention_mask", "full_attention_mask"])
+    p = Probe(data, ["B", "T", "past", "attention_mask", "full_attention_mask", "keys"])
     B = p.value("B", st.integers(1, 3), (0, -1, 1.5, True, None))
     T = p.value("T", st.integers(1, 4), (0, -1, 1.5, True, None))
     past = p.value("past", st.integers(0, 3), (-1, 1.5, True, None))
     b = B if pos_int(B) == VALID else 2
     t = T if pos_int(T) == VALID else 2
     pp = past if pos_int(past, lo=0) == VALID else 1
-    kind = p.draw(st.sampled_from(["none", "attention_mask", "full_attention_mask"]))
+    # keys: a static cache's length (None: past + T); below past + T is refused
+    keys = p.value("keys", st.one_of(st.none(), st.integers(pp + t, pp + t + 3)),
+                   (pp + t - 1, -1, 1.5, True, "8"), names=["keys"])
+    kk = keys if isinstance(keys, int) and not isinstance(keys, bool) and keys >= pp + t \
+        else pp + t
+    kind = p.draw(st.sampled_from(["none", "attention_mask", "full_attention_mask",
+                                   "whole_attention_mask"]))
+    if kind == "whole_attention_mask" and kk == pp + t:
+        kind = "attention_mask"
     am = bools(p, (b, pp + t), "attention_mask") if kind == "attention_mask" else None
+    if kind == "whole_attention_mask":  # (B, keys): allowed when keys > past + T
+        am = bools(p, (b, kk), "attention_mask")
     fm = masks.causal_mask(t, pp + t) if kind == "full_attention_mask" else None
     if p.hit("attention_mask"):
         am = p.tensor("attention_mask", am if am is not None else bools(p, (b, pp + t)), {
@@ -2087,18 +2097,23 @@ def _(data):
             p.mark(BAD, ["attention_mask", "full_attention_mask"], "both masks")
     if p.target in ("B", "T", "past") and am is None and fm is None and p.target == "B":
         pass  # B only matters to the masks; an invalid B must still be refused
-    out = p.run(lambda: p.call("decoder_mask", model.decoder_mask, B, T, past, am, fm))
+    out = p.run(lambda: p.call("decoder_mask", model.decoder_mask, B, T, past, am, fm,
+                               keys=keys))
     if ok(out) and out is None:  # nothing to mask: one new token, no padding
-        assert T == 1 and am is None and fm is None, "None for a mask that masks"
+        assert T == 1 and am is None and fm is None and kk == past + T, \
+            "None for a mask that masks"
     elif ok(out):
         expect_tensor(out, None, torch.bool)
-        want = torch.broadcast_shapes(out.shape, (B, 1, T, past + T))
-        assert tuple(want) == (B, 1, T, past + T), f"mask {tuple(out.shape)} does not broadcast"
+        S = past + T
+        want = torch.broadcast_shapes(out.shape, (B, 1, T, kk))
+        assert tuple(want) == (B, 1, T, kk), f"mask {tuple(out.shape)} does not broadcast"
+        full = torch.broadcast_to(out, (B, 1, T, kk))
+        assert not full[..., S:].any(), "a key after the new tokens is not masked"
         if fm is None:
-            causal = masks.causal_mask(T, past + T)
-            full = torch.broadcast_to(out, (B, 1, T, past + T))
-            ref = causal if am is None else causal & am[:, None, None, :]
-            assert torch.equal(full, torch.broadcast_to(ref, (B, 1, T, past + T)))
+            causal = masks.causal_mask(T, S)
+            real = None if am is None else am[:, :S]
+            ref = causal if real is None else causal & real[:, None, None, :]
+            assert torch.equal(full[..., :S], torch.broadcast_to(ref, (B, 1, T, S)))
 
 
 @case("model.GPT", examples=50)

@@ -89,3 +89,20 @@ def test_training_step_with_bf16_autocast_on_gpu():
     log = train(gpt, batch, lambda m, b: sequence_loss(m(b[0]), b[1]), steps=150, lr=3e-3, warmup=10,
                 log_every=0, autocast_bf16=True)
     assert log.losses[-1] < 0.2 < log.losses[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_is_causal_and_fused_rms_norm_match_cpu(dtype):
+    "The two CUDA-only fast paths: is_causal without a mask (flash), torch's fused rms_norm."
+    from minitransformer.layers import RMSNorm
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 33, 16) for _ in range(3))
+    ref = scaled_dot_product_attention(q, k, v, mask=causal_mask(33))
+    fast = scaled_dot_product_attention(*(t.cuda().to(dtype) for t in (q, k, v)), is_causal=True)
+    assert close(fast, ref, dtype)
+    norm, x = RMSNorm(16, eps=1e-5), torch.randn(3, 5, 16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    ref = norm(x)
+    out = norm.cuda().to(dtype)(x.cuda().to(dtype))
+    assert out.dtype == dtype and close(out, ref, dtype)

@@ -1,0 +1,228 @@
+"""The fast paths, checked equal to the slow ones on the CPU (make gpu-check times them on a GPU):
+
+- `is_causal=True`: no mask is built when causality is the only restriction and there are as many
+  queries as keys (PyTorch's kernel applies the rule; on CUDA the flash kernel can run); otherwise
+  the bottom-right causal mask is built, combined with any mask given. The models pass it.
+- the static KV cache: whole buffers plus a length mask, so shapes do not grow per token;
+- `generate(..., compile=...)`: the one-token step through `torch.compile` over the static cache,
+  one graph (plus one recompile that makes the length symbolic), no graph break;
+- `tracing()`: value checks skip themselves while torch.compile traces.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
+from minitransformer.core import tracing
+from minitransformer.generation import generate
+from minitransformer.kv_cache import DecoderCache, KVCache
+from minitransformer.masks import causal_mask
+from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig, decoder_mask
+
+RECIPE = dict(position_encoding="rotary", norm="rmsnorm", activation="swiglu", bias=False)
+
+
+def gpt(**kw) -> GPT:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=40, max_len=48, d_model=32, n_heads=4, n_layers=2) | kw
+    return GPT(GPTConfig(**cfg)).eval()
+
+
+# ------------------------------------------------------------------ is_causal
+
+@pytest.mark.parametrize("T,S", [(6, 6), (2, 6), (1, 5), (7, 4)])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_is_causal_equals_the_bottom_right_mask(T, S, gqa):
+    g = torch.Generator().manual_seed(T * 10 + S)
+    H_kv = 2 if gqa else 4
+    q = torch.randn(2, 4, T, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, H_kv, S, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, H_kv, S, 8, generator=g, requires_grad=True)
+    mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)  # the rule, T > S included
+    fast = scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    slow = scaled_dot_product_attention(q, k, v, mask=mask, enable_gqa=gqa)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
+    grads = torch.autograd.grad(fast.square().sum(), (q, k, v))
+    refs = torch.autograd.grad(slow.square().sum(), (q, k, v))
+    for a, b in zip(grads, refs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    if not gqa:
+        explicit, weights = attention_with_weights(q, k, v, is_causal=True)
+        torch.testing.assert_close(explicit, slow, atol=1e-6, rtol=1e-6)
+        assert not weights.masked_select(~mask).any(), "a later key got weight"
+
+
+def test_is_causal_combines_with_a_mask():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=g) for _ in range(3))
+    pad = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1], [0, 0, 0, 1, 1]]).bool()
+    pad = pad[:, None, None, :]
+    both = pad & causal_mask(5)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, pad, is_causal=True),
+                               scaled_dot_product_attention(q, k, v, both))
+    torch.testing.assert_close(attention_with_weights(q, k, v, pad, is_causal=True)[0],
+                               attention_with_weights(q, k, v, both)[0])
+
+
+def test_is_causal_is_a_flag():
+    q = torch.randn(1, 1, 2, 4)
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="is_causal"):
+            scaled_dot_product_attention(q, q, q, is_causal=bad)
+
+
+def test_a_purely_causal_model_call_builds_no_mask(monkeypatch):
+    "GPT's training forward hands the kernel is_causal=True and no mask; a padded one a mask."
+    seen = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kw):
+        seen.append((attn_mask is None, is_causal))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model, ids = gpt(**RECIPE), torch.randint(0, 40, (2, 12))
+    with torch.no_grad():
+        fast = model(ids)
+        assert seen and all(s == (True, True) for s in seen), seen
+        seen.clear()
+        slow = model(ids, full_attention_mask=causal_mask(12))
+        assert seen and all(s == (False, False) for s in seen), seen
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
+
+
+def test_transformer_decode_with_and_without_the_flag():
+    torch.manual_seed(0)
+    m = Transformer(TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, max_len=32,
+                                      d_model=32, n_heads=4)).eval()
+    src, tgt = torch.randint(1, 30, (2, 9)), torch.randint(1, 30, (2, 7))
+    with torch.no_grad():
+        memory, source_mask = m.encode(src)
+        fast = m.decode(tgt, memory, source_mask)  # no target padding: is_causal
+        slow = m.decode(tgt, memory, source_mask, attention_mask=torch.ones(2, 7).bool())
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ the static cache
+
+def test_a_static_cache_returns_whole_buffers():
+    c = KVCache(2, 3, 6, 4, static=True)
+    k = torch.randn(2, 3, 4, 4)
+    keys, values = c.update(k, k)
+    assert keys.shape == (2, 3, 6, 4) and keys.data_ptr() == c.k.data_ptr()
+    assert len(c) == 4 and "static" in repr(c)
+    torch.testing.assert_close(keys[:, :, :4], k)
+    with pytest.raises(ValueError, match="static"):
+        KVCache(2, 3, 6, 4, static="yes")
+    dynamic = KVCache(2, 3, 6, 4)
+    with pytest.raises(ValueError, match="all static or none"):
+        DecoderCache([c, dynamic])
+    with pytest.raises(ValueError, match="cross_attn"):
+        DecoderCache([KVCache(2, 3, 6, 4)], [KVCache(2, 3, 6, 4, static=True)])
+
+
+@pytest.mark.parametrize("kw", [{}, RECIPE, dict(RECIPE, n_kv_heads=2)])
+def test_static_cache_gives_the_logits_of_the_whole_sequence(kw):
+    model, ids = gpt(**kw), torch.randint(0, 40, (3, 20))
+    with torch.no_grad():
+        whole = model(ids)
+        cache = model.make_cache(3, 40, static=True)
+        assert cache.static and cache.max_len == 40
+        steps = [model(ids[:, :12], cache=cache)]  # a prefill, then one token at a time
+        steps += [model(ids[:, t : t + 1], cache=cache) for t in range(12, 20)]
+    torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_static_cache_with_left_padding_and_a_whole_attention_mask():
+    model = gpt(**RECIPE)
+    prompts = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]
+    eager = generate(model, prompts, 12)
+    torch.manual_seed(0)
+    # the same rows through the static cache (the path compile=... uses, without compiling)
+    ids = torch.zeros(3, 17, dtype=torch.long)
+    real = torch.zeros(3, 17, dtype=torch.bool)
+    for b, r in enumerate(prompts):
+        ids[b, 5 - len(r) : 5], real[b, 5 - len(r) : 5] = torch.tensor(r), True
+    pos = (torch.arange(17)[None] - (5 - torch.tensor([len(r) for r in prompts]))[:, None])
+    pos = pos.clamp(min=0)
+    cache, out = model.make_cache(3, 17, static=True), [[], [], []]
+    with torch.no_grad():
+        logits = model(ids[:, :5], attention_mask=real, positions=pos[:, :5], cache=cache)
+        for t in range(5, 17):
+            nxt = logits[:, -1].argmax(-1)
+            for b in range(3):
+                out[b].append(int(nxt[b]))
+            ids[:, t], real[:, t] = nxt, True
+            if t < 16:
+                logits = model(ids[:, t : t + 1], attention_mask=real,
+                               positions=pos[:, t : t + 1], cache=cache)
+    assert out == eager
+
+
+def test_decoder_mask_over_a_static_cache():
+    m = decoder_mask(1, 1, past=3, keys=6)
+    assert m.tolist() == [[True, True, True, True, False, False]]
+    m = decoder_mask(1, 2, past=2, keys=6)
+    assert m.int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    pad = torch.tensor([[False, True, True, True]])
+    m = decoder_mask(1, 1, past=3, attention_mask=pad, keys=6)
+    assert m.int().flatten().tolist() == [0, 1, 1, 1, 0, 0]
+    with pytest.raises(ValueError, match="keys"):
+        decoder_mask(1, 2, past=3, keys=4)
+
+
+# ------------------------------------------------------------------ torch.compile
+
+def test_compiled_generation_writes_the_eager_tokens_in_one_graph():
+    model = gpt(**dict(RECIPE, n_kv_heads=2))
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13]]
+    eager = generate(model, prompts, 16)
+    torch._dynamo.reset()
+    counters.clear()
+    assert generate(model, prompts, 16, compile="eager") == eager
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    # the first step, then one recompile that makes the cache length a symbol: no more
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+def test_compiled_encoder_decoder_generation():
+    torch.manual_seed(0)
+    m = Transformer(TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, max_len=32,
+                                      d_model=32, n_heads=4)).eval()
+    src, prompts = [[3, 4, 5, 6], [7, 8]], [[1], [1, 2]]
+    eager = generate(m, prompts, 10, source=src)
+    assert generate(m, prompts, 10, source=src, compile="eager") == eager
+
+
+def test_compile_arguments_are_checked():
+    model = gpt()
+    with pytest.raises(ValueError, match="compile"):
+        generate(model, [[1, 2]], 3, compile="no-such-backend")
+    with pytest.raises(ValueError, match="use_cache"):
+        generate(model, [[1, 2]], 3, compile=True, use_cache=False)
+
+
+def test_the_decode_step_traces_as_one_graph():
+    "fullgraph=True raises at the first graph break: the static step has none."
+    model, cache = gpt(**RECIPE), None
+    cache = model.make_cache(2, 24, static=True)
+    ids = torch.randint(0, 40, (2, 6))
+    step = torch.compile(model.forward, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        model(ids[:, :5], cache=cache)
+        out = step(ids[:, 5:6], cache=cache, last_only=True)
+        ref = model(ids)[:, -1:]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_tracing_is_true_only_under_torch_compile():
+    assert tracing() is False
+    seen = []
+
+    def f(x):
+        seen.append(tracing())
+        return x + 1
+
+    torch.compile(f, backend="eager", fullgraph=True)(torch.zeros(2))
+    assert seen == [True]

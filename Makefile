@@ -9,12 +9,15 @@ VENDOR := _vendor/.versions
 NB     ?=
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: help venv book test export execute bench colab-check gpu-check chromium clean
+.PHONY: help venv book test dist export execute bench colab-check gpu-check chromium clean
 
 help:
 	@echo "make book         build the book into _build/html"
 	@echo "make test         everything below that CI runs: export drift, unit and property tests, nbval on"
-	@echo "                  every chapter, strict book build, HTML and browser checks, the Colab simulation"
+	@echo "                  every chapter, strict book build, HTML and browser checks, the Colab simulation,"
+	@echo "                  make dist"
+	@echo "make dist         build the wheel and sdist (_build/dist), twine check, install each into a fresh"
+	@echo "                  venv of its declared dependencies only and import it"
 	@echo "make export       regenerate minitransformer/ from the notebooks"
 	@echo "make execute      re-run notebooks in place, saving outputs (NB=nbs/01_mixing.ipynb for one)"
 	@echo "make colab-check  run every chapter as Colab would, in a fresh minimal environment"
@@ -59,11 +62,18 @@ execute: $(STAMP)
 
 # A fresh strict build (--all: warnings of unchanged pages count too), then one pytest run: export drift and
 # project checks, property tests, nbval on every chapter, the built HTML and the browser checks; then every
-# chapter once more as Colab runs it.
+# chapter once more as Colab runs it; then the wheel and sdist (make dist).
 test: $(STAMP) $(VENDOR) chromium
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet
 	MT_BROWSER_TESTS=1 $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg nbs tests
 	$(BIN)/python scripts/colab_check.py
+	$(BIN)/python scripts/check_dist.py
+
+# The release artifacts as a user receives them: wheel and sdist built with `python -m build` into
+# _build/dist, `twine check`, then each installed into a fresh venv holding only its declared dependencies
+# (torch held at the dev pin by a constraints file) and imported there (about a minute with pip's cache).
+dist: $(STAMP)
+	$(BIN)/python scripts/check_dist.py
 
 colab-check: $(STAMP)
 	$(BIN)/python scripts/colab_check.py $(NB)
@@ -76,6 +86,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_mha.py
 	$(BIN)/python bench/bench_generate.py
 	$(BIN)/python bench/bench_smollm2.py
+	$(BIN)/python bench/bench_train_step.py
 
 clean:
 	rm -rf _build _vendor

@@ -6,7 +6,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 cfg = ConfigParser(delimiters=["="])
-cfg.read(Path(__file__).parent / "settings.ini", encoding="utf-8")
+if not cfg.read(Path(__file__).parent / "settings.ini", encoding="utf-8"):
+    raise SystemExit("setup.py needs settings.ini next to it (the sdist carries it through MANIFEST.in)")
 c = cfg["DEFAULT"]
 
 licenses = {"apache2": ("Apache Software License 2.0", "OSI Approved :: Apache Software License")}
@@ -25,6 +26,7 @@ setup(
     author_email=c["author_email"],
     url=c["git_url"],
     license=lic[0],
+    license_files=["LICENSE"],  # into the wheel's .dist-info and the sdist (MANIFEST.in too)
     keywords=c["keywords"].split(),
     classifiers=[
         "Development Status :: " + statuses[int(c["status"]) - 1],

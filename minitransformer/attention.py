@@ -120,9 +120,10 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,  # k, v may have H_kv heads (dim -3) dividing q's H
     is_causal: bool = False,  # also: no query sees a later key (chapter 8)
 ) -> torch.Tensor:  # (..., T, Dv)
-    """softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; no allowed key gives 0.
-    `is_causal` without a mask, over as many queries as keys, builds no mask at all:
-    the kernel skips the blocked half itself (on CUDA, the flash kernel)."""
+    """softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; a query with no
+    allowed key gives 0. `is_causal` without a mask, over as many queries as keys,
+    builds no mask at all: the kernel skips the blocked half itself (on CUDA, the
+    flash kernel)."""
     scale, mask, causal = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa,
                                       is_causal, fused=True)
     kw = {}

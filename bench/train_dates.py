@@ -7,8 +7,9 @@ Training time excludes the evaluations (greedy decoding of the 2,000 held-out da
 Several processes (data parallel): the same command under torchrun, e.g.
     torchrun --standalone --nproc_per_node=2 bench/train_dates.py --seconds 60
 Each rank draws its own pairs (seeded with --seed and its rank): the global batch is --batch x the number
-of processes. The targets are padded, so each rank's loss is weighted by its number of target tokens
-(loss_fn returns the loss and that count). Rank 0 prints and evaluates.
+of processes. loss_fn returns the loss with its number of target tokens, so that ranks counting different
+numbers of targets would be weighted right (the dates' ISO targets all have one length, so here the weights
+are equal). Rank 0 prints and evaluates.
 """
 import argparse
 import random

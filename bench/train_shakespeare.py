@@ -89,8 +89,7 @@ def run(a: argparse.Namespace, me) -> None:
     say(f"{count_parameters(model):,} parameters; {cfg}; batch {a.batch} x {me.world_size} process(es); "
         f"lr {a.lr} -> {a.lr * a.min_lr_ratio:g}; threads={torch.get_num_threads()}; {me.device}")
     g = torch.Generator().manual_seed(a.seed + 1_000_003 * me.rank)  # each rank its own windows
-    train_ids, val_ids = train_ids.to(me.device), val_ids.to(me.device)
-    val_batches = [char_windows(val_ids.cpu(), a.context, a.batch, torch.Generator().manual_seed(1000 + i))
+    val_batches = [char_windows(val_ids, a.context, a.batch, torch.Generator().manual_seed(1000 + i))
                    for i in range(a.eval_batches)]
     val_batches = [(x.to(me.device), y.to(me.device)) for x, y in val_batches]
 
@@ -100,7 +99,7 @@ def run(a: argparse.Namespace, me) -> None:
 
     ema = a.ema or None
     def windows(step):
-        x, y = char_windows(train_ids.cpu(), a.context, a.batch, g)
+        x, y = char_windows(train_ids, a.context, a.batch, g)  # drawn on the CPU
         return x.to(me.device), y.to(me.device)
 
     log = train(model, windows,
@@ -117,10 +116,9 @@ def run(a: argparse.Namespace, me) -> None:
           f"after {log.seconds:.0f} s, {log.steps} steps")
     with torch.no_grad():  # the same model on every non-overlapping window of the validation plays
         n = (len(val_ids) - 1) // a.context
-        val_ids = val_ids.cpu()
-        model.cpu()
         xs, ys = val_ids[: n * a.context].view(n, a.context), val_ids[1 : n * a.context + 1].view(n, a.context)
-        whole = sum(sequence_loss(model(xs[i : i + 64]), ys[i : i + 64]).item() * len(xs[i : i + 64])
+        whole = sum(sequence_loss(model(xs[i : i + 64].to(me.device)), ys[i : i + 64].to(me.device)).item()
+                    * len(xs[i : i + 64])
                     for i in range(0, n, 64)) / n
     print(f"the same model on all {n:,} non-overlapping {a.context}-character windows of the validation plays: {whole:.4f}")
     if a.save:

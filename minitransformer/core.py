@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
+import sys
 
 import torch
 
@@ -28,10 +29,12 @@ def default_device() -> torch.device:
 def tracing() -> bool:
     """Whether `torch.compile` is tracing the current call. Checks that read a
     tensor's values (not just its shape) skip themselves then: each would split the
-    compiled graph in two, and the compiled callers pass values already checked."""
-    is_compiling = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
-    if is_compiling is None:
-        is_compiling = torch._dynamo.is_compiling
+    compiled graph in two (`generate(..., compile=...)` passes values it made)."""
+    if "torch._dynamo" not in sys.modules:  # never imported: nothing is compiling
+        return False
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if is_compiling is None:  # torch < 2.3
+        is_compiling = sys.modules["torch._dynamo"].is_compiling
     return is_compiling()
 
 # %% ../nbs/00_core.ipynb #08a481c1

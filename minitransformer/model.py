@@ -160,10 +160,21 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
             torch.arange(keys, device=device) <= torch.arange(past, S,
                                                                device=device)[:, None])
     if attention_mask is not None:  # (B, 1, T, keys)
-        whole = keys != S and tuple(attention_mask.shape) == (B, keys)
+        whole = (keys != S and isinstance(attention_mask, torch.Tensor)
+                 and tuple(attention_mask.shape) == (B, keys))
         real = _real_tokens(attention_mask, "attention_mask", B, keys if whole else S)
         mask = mask & (real if whole else _empty_after(real, keys))
     return mask
+
+
+def _static_keys(cache, past: int, T: int) -> int | None:
+    "A static cache's length, the keys attention reads (None for a growing cache)."
+    if not getattr(cache, "static", False):
+        return None
+    if past + T > cache.max_len:  # the message a growing cache gives
+        raise ValueError(f"KV cache overflow: {past} positions cached + {T} new > "
+                         f"max_len {cache.max_len}; allocate a longer cache")
+    return cache.max_len
 
 
 def _empty_after(mask: torch.Tensor, keys: int) -> torch.Tensor:
@@ -223,13 +234,12 @@ class GPT(nn.Module):
         _check_positions(positions, B, T)
         if positions is None:
             positions = default_positions(past, T, ids.device)
-        static = getattr(cache, "static", False)  # keys: the whole cache, masked
+        keys = _static_keys(cache, past, T)  # a static cache: all its slots, masked
         # causal alone: no mask is built, attention applies the rule itself
         causal = (T > 1 and attention_mask is None and full_attention_mask is None
-                  and not static)
+                  and keys is None)
         mask = None if causal else decoder_mask(
-            B, T, past, attention_mask, full_attention_mask, ids.device,
-            keys=cache.max_len if static else None)
+            B, T, past, attention_mask, full_attention_mask, ids.device, keys=keys)
         x = self.embed(ids, positions)  # (B, T, C)
         rotary = positions if self.decoder.rotary is not None else None
         h = self.decoder(x, mask=mask, positions=rotary, cache=cache,
@@ -326,11 +336,10 @@ class Transformer(nn.Module):
         _check_memory(memory, B, self.config.d_model)
         if positions is None:
             positions = default_positions(past, T, tgt.device)
-        static = getattr(cache, "static", False)
-        causal = T > 1 and attention_mask is None and not static  # as in GPT
+        keys = _static_keys(cache, past, T)
+        causal = T > 1 and attention_mask is None and keys is None  # as in GPT
         mask = None if causal else decoder_mask(
-            B, T, past, attention_mask, device=tgt.device,
-            keys=cache.max_len if static else None)
+            B, T, past, attention_mask, device=tgt.device, keys=keys)
         memory_mask = None  # (B, 1, 1, S)
         if source_mask is not None:
             S = _source_len(memory, cache, source_mask)

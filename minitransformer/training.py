@@ -465,7 +465,8 @@ def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
     log.losses, log.lrs = saved["losses"], saved["lrs"]
     log.steps, log.seconds, log.skipped = info["step"], info["seconds"], info["skipped"]
     log.evals = [(s, t, m) for s, t, m in info["evals"]]
-    changed = sorted(k for k in run if info["run"].get(k) != run[k])
+    saved_run = {"world_size": 1} | info["run"]  # (not recorded before torchrun runs)
+    changed = sorted(k for k in run if saved_run.get(k) != run[k])
     if changed:
         warnings.warn(f"resuming {path} with different {changed}: the run will not "
                       "follow the curve of an uninterrupted one", stacklevel=3)
@@ -538,6 +539,10 @@ class _Ranks:
         self.rank = dist.get_rank() if self.on else 0
         self.size = dist.get_world_size() if self.on else 1
         nccl = self.on and dist.get_backend() == "nccl"  # NCCL talks in CUDA tensors
+        if nccl and device.type != "cuda":
+            raise ValueError(f"the process group uses NCCL, which needs the model on "
+                             f"its rank's GPU, but its weights are on {device}: move it "
+                             "there (Rank.device), or join with distributed('gloo')")
         self.device = device if nccl else torch.device("cpu")
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -560,16 +565,18 @@ class _Ranks:
         dist.broadcast(t, src=0)
         return t.item()
 
-    def weighted(self, loss: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+    def weighted(self, loss: torch.Tensor, count: int | None) -> torch.Tensor:
         """A rank's mean loss over `count` targets, scaled so that DDP's average of the
-        ranks' gradients is the gradient of the mean over all ranks' targets."""
+        ranks' gradients is the gradient of the mean over all ranks' targets. (A rank
+        that counts no target must still return a finite loss: `sequence_loss` gives
+        0 with a gradient.)"""
         if not self.on or count is None:
             return loss
-        total = count.to(self.device, copy=True)
+        total = torch.tensor([float(count)], dtype=torch.float64, device=self.device)
         dist.all_reduce(total)  # every rank's targets
         if total.item() == 0:
-            return loss  # no rank counts a target: the loss is 0 (with a gradient)
-        return loss * (count.item() * self.size / total.item())
+            return loss  # no rank counts a target
+        return loss * (count * self.size / total.item())
 
     def mean(self, values: torch.Tensor) -> list:
         "The ranks' mean of `values`: NaN or inf on one rank reaches every rank."
@@ -578,6 +585,17 @@ class _Ranks:
             dist.all_reduce(values)
             values = values / self.size
         return values.tolist()
+
+    def agree(self, flag: bool, what: str) -> bool:
+        "`flag`, checked to be the same on every rank (else a ValueError naming `what`)."
+        if not self.on:
+            return flag
+        t = torch.tensor([float(flag), -float(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # (any rank True, any rank False)
+        if t[0].item() != -t[1].item():
+            raise ValueError(f"the ranks disagree on {what}: put it where every rank "
+                             "reads the same file")
+        return flag
 
     def barrier(self) -> None:
         if self.on:
@@ -666,7 +684,7 @@ def _grad_norm(params: list, clip: float | None) -> torch.Tensor:
                                                  for g in grads]))
 
 
-def _check_loss(out) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _check_loss(out) -> tuple[torch.Tensor, int | None]:
     """`loss_fn`'s result as (loss, count): a scalar tensor with a gradient, alone or
     with the number of targets its mean is over (a count ≥ 0); else raise."""
     loss, count = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
@@ -674,10 +692,13 @@ def _check_loss(out) -> tuple[torch.Tensor, torch.Tensor | None]:
         ok = (isinstance(count, numbers.Integral) and not isinstance(count, bool)
               or isinstance(count, torch.Tensor) and count.dim() == 0
               and not count.is_floating_point() and count.dtype != torch.bool)
-        if not ok or count < 0:
+        if not ok:
             raise TypeError(f"loss_fn may return (loss, count), count an int >= 0 "
                             f"(the targets the loss averages over), got {count!r}")
-        count = torch.as_tensor(count, dtype=torch.float64)
+        count = int(count)
+        if count < 0:
+            raise ValueError(f"loss_fn returned count={count}; it counts targets, so "
+                             "it must be >= 0")
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
         what = (shape_str(loss) + ("" if loss.requires_grad else " without grad")
                 if isinstance(loss, torch.Tensor) else type(loss).__name__)
@@ -727,8 +748,9 @@ def train(model: nn.Module,
     `resume` continues exactly where `next_batch(step)` depends on the step alone.
 
     Under torchrun (see `distributed`), each process calls `next_batch` for its own
-    share of the batch and `loss_fn` with DistributedDataParallel's wrapper; the
-    gradients are averaged, so every rank takes the same steps. `loss_fn` may return
+    share of the batch and `loss_fn` with DistributedDataParallel's wrapper, which it
+    must call once per step, giving every trainable weight a gradient; the gradients
+    are averaged, so every rank takes the same steps. `loss_fn` may return
     `(loss, count)` to have each rank's mean weighted by its number of targets. Rank 0
     alone prints, evaluates and saves; the time budget is rank 0's clock."""
     a = _check_train(**locals())
@@ -739,9 +761,12 @@ def train(model: nn.Module,
     net = ranks.wrap(model)  # DDP copies rank 0's weights to every rank
     opt = _adamw(params, a["lr"], a["betas"], a["weight_decay"])
     average = None if a["ema"] is None else WeightAverage(params, a["ema"], "ema")
-    log, run = TrainLog(), _run_args(a)
-    if a["resume"] and a["checkpoint"].exists():
+    log, run = TrainLog(), _run_args(a) | {"world_size": ranks.size}
+    found = a["resume"] and a["checkpoint"].exists()
+    if ranks.agree(found, f"whether {a['checkpoint']} exists"):
         _resume(a["checkpoint"], model, opt, average, log, run)
+        if ranks.rank:  # rank 0's random state was saved: the others draw their own
+            torch.manual_seed(int(torch.randint(2**62, ())) + ranks.rank)
     lead = ranks.rank == 0  # prints, evaluates and saves
     log_every = log_every if lead else 0
     clock = _Clock(log.seconds)  # training time: evaluations and saves do not count
@@ -758,8 +783,11 @@ def train(model: nn.Module,
         with clock.paused():
             _save(model, a["checkpoint"], *_train_state(model, opt, average, log, run))
 
+    def seconds() -> float:  # rank 0's clock: the same budget on every rank
+        return ranks.seconds(clock()) if a["max_seconds"] else clock()
+
     net.train()
-    while (progress := _progress(log, ranks.seconds(clock()), a)) < 1.0:
+    while (progress := _progress(log, seconds(), a)) < 1.0:
         rate = learning_rate(progress, log.steps, a["lr"], a["warmup"], a["schedule"],
                              a["min_lr_ratio"])
         for group in opt.param_groups:
@@ -784,7 +812,7 @@ def train(model: nn.Module,
             evaluate()
         if lead and a["checkpoint_every"] and log.steps % a["checkpoint_every"] == 0:
             save()
-    log.seconds = ranks.seconds(clock())
+    log.seconds = seconds()
     if lead and eval_fn is not None and not (log.evals
                                              and log.evals[-1][0] == log.steps):
         evaluate()
@@ -808,8 +836,8 @@ class Rank(NamedTuple):
 @contextmanager
 def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL with CUDA
     """Join the processes `torchrun` started (it sets RANK, WORLD_SIZE, LOCAL_RANK and
-    the rendezvous address): NCCL with one GPU per process where CUDA is available,
-    else gloo on the CPU. Yields this process's `Rank`; leaves the group at the end.
+    the rendezvous address): NCCL with one GPU per process where there is a GPU for
+    every process, else gloo on the CPU. Yields this process's `Rank`; leaves the group at the end.
     Started without torchrun: `Rank(0, 1, 0, default_device())`, nothing to join."""
     if backend is not None:
         check_choice(backend, "backend", ("gloo", "nccl"))
@@ -823,7 +851,12 @@ def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL with CUD
     if dist.is_initialized():
         raise RuntimeError("this process already belongs to a process group; "
                            "use distributed() once, around the whole run")
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = backend or ("nccl" if local < gpus else "gloo")
+    if backend == "nccl" and local >= gpus:
+        raise ValueError(f"backend 'nccl' needs a GPU per process, but process "
+                         f"{local} on this machine sees {gpus} GPU(s): start fewer "
+                         "processes per machine, or use backend='gloo'")
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", local)

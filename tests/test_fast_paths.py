@@ -226,3 +226,14 @@ def test_tracing_is_true_only_under_torch_compile():
 
     torch.compile(f, backend="eager", fullgraph=True)(torch.zeros(2))
     assert seen == [True]
+
+
+def test_a_full_static_cache_says_so():
+    model = gpt()
+    cache = model.make_cache(1, 6, static=True)
+    with torch.no_grad():
+        model(torch.randint(0, 40, (1, 5)), cache=cache)
+        with pytest.raises(ValueError, match="KV cache overflow"):
+            model(torch.randint(0, 40, (1, 2)), cache=cache)
+    with pytest.raises(TypeError, match="attention_mask"):
+        decoder_mask(1, 1, past=3, attention_mask=[[True] * 6], keys=6)

@@ -36,8 +36,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_width(x, "x", self.d_model)
-        if _FUSED_RMS_NORM and x.is_cuda:  # torch's fused kernel; on the CPU its
-            # rms_norm runs the steps below one by one, and is no faster
+        if _FUSED_RMS_NORM and x.is_cuda:  # torch's rms_norm (one fused kernel on
+            # recent CUDA builds); on the CPU it runs the steps below, no faster
             return F.rms_norm(x.float(), (self.d_model,), self.weight.float(),
                               self.eps).to(x.dtype)
         xf = x.float()  # the mean of squares in float32 also under bfloat16

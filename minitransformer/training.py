@@ -540,9 +540,10 @@ class _Ranks:
         self.size = dist.get_world_size() if self.on else 1
         nccl = self.on and dist.get_backend() == "nccl"  # NCCL talks in CUDA tensors
         if nccl and device.type != "cuda":
-            raise ValueError(f"the process group uses NCCL, which needs the model on "
-                             f"its rank's GPU, but its weights are on {device}: move it "
-                             "there (Rank.device), or join with distributed('gloo')")
+            raise ValueError(f"the process group uses NCCL, which needs the model "
+                             f"on its rank's GPU, but its weights are on {device}: "
+                             "move it there (Rank.device), or join with "
+                             "distributed('gloo')")
         self.device = device if nccl else torch.device("cpu")
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -587,7 +588,7 @@ class _Ranks:
         return values.tolist()
 
     def agree(self, flag: bool, what: str) -> bool:
-        "`flag`, checked to be the same on every rank (else a ValueError naming `what`)."
+        "`flag`, checked to be the same on every rank (else a ValueError on `what`)."
         if not self.on:
             return flag
         t = torch.tensor([float(flag), -float(flag)], device=self.device)
@@ -837,7 +838,8 @@ class Rank(NamedTuple):
 def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL with CUDA
     """Join the processes `torchrun` started (it sets RANK, WORLD_SIZE, LOCAL_RANK and
     the rendezvous address): NCCL with one GPU per process where there is a GPU for
-    every process, else gloo on the CPU. Yields this process's `Rank`; leaves the group at the end.
+    every process, else gloo on the CPU. Yields this process's `Rank`; leaves the
+    group at the end.
     Started without torchrun: `Rank(0, 1, 0, default_device())`, nothing to join."""
     if backend is not None:
         check_choice(backend, "backend", ("gloo", "nccl"))

@@ -151,9 +151,9 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         cache = model.make_cache(memory, total, static)  # cross-attention filled once
     elif use_cache:
         cache = model.make_cache(B, total, static=static)
-    step = model.decode if encdec else model.forward
-    if static:  # compiled once for the one-token steps (the prompt runs eagerly)
-        step = torch.compile(step, backend=backend)
+    eager = model.decode if encdec else model.forward
+    # compiled once for the one-token steps (the prompt runs eagerly)
+    step = torch.compile(eager, backend=backend) if static else eager
     done, out = [False] * B, [[] for _ in range(B)]
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     for t in range(P, total):
@@ -161,7 +161,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         real_t = real if static else real[:, :t]  # static: (B, total) every step
         kw = dict(attention_mask=real_t if padded else None,
                   positions=positions[:, lo:t], cache=cache)
-        run = step if t > P else (model.decode if encdec else model.forward)
+        run = step if t > P else eager
         if encdec:  # with a cache, the encoder output is already in it
             mem = None if use_cache else memory
             logits = run(ids[:, lo:t], mem, source_mask, **kw)

@@ -156,9 +156,7 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     if T == 1 and attention_mask is None and keys == S:  # the newest token sees all
         return None
     # causal (T, keys): query i, at position past + i, sees keys 0 .. past + i
-    mask = (causal_mask(T, S, device=device) if keys == S else
-            torch.arange(keys, device=device) <= torch.arange(past, S,
-                                                               device=device)[:, None])
+    mask = _empty_after(causal_mask(T, S, device=device), keys)
     if attention_mask is not None:  # (B, 1, T, keys)
         whole = (keys != S and isinstance(attention_mask, torch.Tensor)
                  and tuple(attention_mask.shape) == (B, keys))
@@ -167,14 +165,22 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     return mask
 
 
-def _static_keys(cache, past: int, T: int) -> int | None:
-    "A static cache's length, the keys attention reads (None for a growing cache)."
-    if not getattr(cache, "static", False):
-        return None
-    if past + T > cache.max_len:  # the message a growing cache gives
-        raise ValueError(f"KV cache overflow: {past} positions cached + {T} new > "
-                         f"max_len {cache.max_len}; allocate a longer cache")
-    return cache.max_len
+def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
+                         full_attention_mask=None, device=None) -> tuple:
+    """A decoder's self-attention `(mask, is_causal)`. Causality alone over two or
+    more new tokens builds no mask: attention applies the rule itself. A static cache
+    is read whole, so its empty slots are masked (`decoder_mask(..., keys=max_len)`)."""
+    keys = None
+    if getattr(cache, "static", False):
+        if past + T > cache.max_len:  # the message a growing cache gives
+            raise ValueError(f"KV cache overflow: {past} positions cached + {T} new "
+                             f"> max_len {cache.max_len}; allocate a longer cache")
+        keys = cache.max_len
+    if (T > 1 and attention_mask is None and full_attention_mask is None
+            and keys is None):
+        return None, True
+    return decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
+                        keys=keys), False
 
 
 def _empty_after(mask: torch.Tensor, keys: int) -> torch.Tensor:
@@ -234,12 +240,8 @@ class GPT(nn.Module):
         _check_positions(positions, B, T)
         if positions is None:
             positions = default_positions(past, T, ids.device)
-        keys = _static_keys(cache, past, T)  # a static cache: all its slots, masked
-        # causal alone: no mask is built, attention applies the rule itself
-        causal = (T > 1 and attention_mask is None and full_attention_mask is None
-                  and keys is None)
-        mask = None if causal else decoder_mask(
-            B, T, past, attention_mask, full_attention_mask, ids.device, keys=keys)
+        mask, causal = _self_attention_mask(B, T, past, cache, attention_mask,
+                                            full_attention_mask, ids.device)
         x = self.embed(ids, positions)  # (B, T, C)
         rotary = positions if self.decoder.rotary is not None else None
         h = self.decoder(x, mask=mask, positions=rotary, cache=cache,
@@ -336,10 +338,8 @@ class Transformer(nn.Module):
         _check_memory(memory, B, self.config.d_model)
         if positions is None:
             positions = default_positions(past, T, tgt.device)
-        keys = _static_keys(cache, past, T)
-        causal = T > 1 and attention_mask is None and keys is None  # as in GPT
-        mask = None if causal else decoder_mask(
-            B, T, past, attention_mask, device=tgt.device, keys=keys)
+        mask, causal = _self_attention_mask(B, T, past, cache, attention_mask,
+                                            device=tgt.device)
         memory_mask = None  # (B, 1, 1, S)
         if source_mask is not None:
             S = _source_len(memory, cache, source_mask)

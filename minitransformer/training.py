@@ -529,15 +529,20 @@ def _read_train_state(path: Path, meta: dict, layout: dict, model: nn.Module,
                 "lrs": get(f"{_TRAIN}log/lrs").tolist()}
 
 # %% ../nbs/13_training.ipynb #4550d5fa
+def _world() -> tuple[int, int]:
+    "This process's rank and the number of processes: (0, 1) outside torchrun."
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 class _Ranks:
     """What `train` asks of the other processes under `torch.distributed` (torchrun);
     in a single process it asks nothing and each method returns its input."""
 
     def __init__(self, device: torch.device):
-        self.on = (dist.is_available() and dist.is_initialized()
-                   and dist.get_world_size() > 1)
-        self.rank = dist.get_rank() if self.on else 0
-        self.size = dist.get_world_size() if self.on else 1
+        self.rank, self.size = _world()
+        self.on = self.size > 1
         nccl = self.on and dist.get_backend() == "nccl"  # NCCL talks in CUDA tensors
         if nccl and device.type != "cuda":
             raise ValueError(f"the process group uses NCCL, which needs the model "
@@ -835,7 +840,7 @@ class Rank(NamedTuple):
 
 
 @contextmanager
-def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL with CUDA
+def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL given GPUs
     """Join the processes `torchrun` started (it sets RANK, WORLD_SIZE, LOCAL_RANK and
     the rendezvous address): NCCL with one GPU per process where there is a GPU for
     every process, else gloo on the CPU. Yields this process's `Rank`; leaves the
@@ -877,10 +882,10 @@ def shard_batch(batch: torch.Tensor | tuple | list,  # tensors with the batch fi
     """This rank's share of a global batch: rows `rank·b .. (rank+1)·b - 1` of each
     tensor, `b = B / world_size`. Every rank draws the same global batch and keeps
     its rows, so N ranks see exactly the windows one process would."""
-    on = dist.is_available() and dist.is_initialized()
-    rank = (dist.get_rank() if on else 0) if rank is None else rank
-    size = (dist.get_world_size() if on else 1) if world_size is None else world_size
-    size = check_positive_int(size, "world_size")
+    here = _world()
+    rank = here[0] if rank is None else rank
+    size = check_positive_int(here[1] if world_size is None else world_size,
+                              "world_size")
     rank = check_int(rank, "rank", minimum=0)
     if rank >= size:
         raise ValueError(f"rank must be in [0, {size}), got {rank}")

@@ -8,8 +8,10 @@ STAMP  := $(VENV)/.installed-stamp
 VENDOR := _vendor/.versions
 NB     ?=
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help venv book test dist export execute bench colab-check gpu-check chromium clean
+.PHONY: help venv book test dist export execute bench colab-check gpu-check portability-check \
+        chromium clean
 
 help:
 	@echo "make book         build the book into _build/html"
@@ -22,6 +24,8 @@ help:
 	@echo "make execute      re-run notebooks in place, saving outputs (NB=nbs/01_mixing.ipynb for one)"
 	@echo "make colab-check  run every chapter as Colab would, in a fresh minimal environment"
 	@echo "make gpu-check    the tests and a short benchmark on CUDA (skips without a GPU)"
+	@echo "make portability-check  nbval on every chapter twice, with other CPU kernels and thread counts"
+	@echo "                  than the machine that executed them (what another machine would print)"
 	@echo "make bench        benchmark scripts in bench/ (ratios against torch references)"
 
 # The environment: the package in editable mode with its pinned dev toolchain (settings.ini), plus
@@ -65,7 +69,7 @@ execute: $(STAMP)
 # chapter once more as Colab runs it; then the wheel and sdist (make dist).
 test: $(STAMP) $(VENDOR) chromium
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet
-	MT_BROWSER_TESTS=1 $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg nbs tests
+	MT_BROWSER_TESTS=1 $(PYTEST) $(NBVAL) nbs tests
 	$(BIN)/python scripts/colab_check.py
 	$(BIN)/python scripts/check_dist.py
 
@@ -77,6 +81,15 @@ dist: $(STAMP)
 
 colab-check: $(STAMP)
 	$(BIN)/python scripts/colab_check.py $(NB)
+
+# Committed outputs must come out the same on another CPU. Two nbval runs over every chapter in
+# conditions that change the kernels and the order of float sums: torch's portable (non-vectorised)
+# kernels, MKL and oneDNN held to AVX2, one thread; then AVX2 kernels with three threads.
+portability-check: $(STAMP)
+	ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	  OMP_NUM_THREADS=1 $(PYTEST) $(NBVAL) nbs
+	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	  OMP_NUM_THREADS=3 $(PYTEST) $(NBVAL) nbs
 
 gpu-check: $(STAMP)
 	$(BIN)/python scripts/gpu_check.py

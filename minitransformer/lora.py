@@ -13,7 +13,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .core import check_dropout, check_number, check_positive_int
-from .training import _write
+from .training import _write, naming, parse_json_object
 
 # %% auto #0
 __all__ = ['ADAPTER_FORMAT', 'LoRALinear', 'add_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'save_adapter',
@@ -198,27 +198,38 @@ def save_adapter(model: nn.Module, path) -> Path:
 
 def load_adapter(model: nn.Module, path) -> nn.Module:
     """Put a saved adapter on `model`: the same base model (checked by fingerprint),
-    with or without LoRA layers yet (they are added as the file describes)."""
+    with or without LoRA layers yet (they are added as the file describes). The
+    file's header — every layer's settings, every tensor's name and shape — is checked
+    before anything is read or changed: a refused file leaves `model` as it was."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no adapter file at {path}")
     try:
         with safe_open(path, "pt") as f:
-            meta, names = f.metadata() or {}, list(f.keys())
-            tensors = {n: f.get_tensor(n) for n in names}
+            meta = f.metadata() or {}
+            shapes = {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}
     except Exception as e:  # safetensors raises its own error types
-        raise ValueError(f"{path} is not a readable adapter file: {e}") from e
+        raise ValueError(f"{path} is not a readable adapter file: {e}") from None
     if meta.get("format") != ADAPTER_FORMAT or not {"model", "layers"} <= meta.keys():
         raise ValueError(f"{path} is not a minitransformer LoRA adapter")
     if meta["model"] != type(model).__name__:
         raise ValueError(f"{path} adapts a {meta['model']}, not a "
                          f"{type(model).__name__}")
-    layers, have = json.loads(meta["layers"]), lora_layers(model)
-    params, want = dict(model.named_parameters()), {}
+    layers = parse_json_object(meta["layers"], f"{path}'s layer list")
+    have, params = lora_layers(model), dict(model.named_parameters())
+    specs, want = {}, {}
     for name, spec in layers.items():  # check everything before changing anything
+        with naming(f"{path}, layer {name}"):
+            specs[name] = spec = _layer_spec(spec)
         m = have.get(name)
         if m is None:
             base = _linear(model, name, path)
+            if spec["r"] > min(base.in_features, base.out_features):
+                raise ValueError(f"{path}: r={spec['r']} for {name} exceeds the "
+                                 f"layer's smaller side "
+                                 f"{min(base.in_features, base.out_features)}")
             seen = _fingerprint(base.weight)
             want[f"{name}.A"] = (spec["r"], base.in_features)
             want[f"{name}.B"] = (base.out_features, spec["r"])
@@ -234,24 +245,42 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
         if seen != spec["fingerprint"]:
             raise ValueError(f"{path} was trained on another base model: the weights "
                              f"of {name} differ from those it adapts")
-    for n, t in tensors.items():
-        shape = want.get(n, tuple(params[n].shape) if n in params else None)
-        if shape is None or tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{path} holds {n} {tuple(t.shape)}, which this model "
-                             f"{'lacks' if shape is None else f'has as {shape}'}")
+    missing = sorted(want.keys() - shapes.keys())
+    if missing:
+        raise ValueError(f"{path} lacks {missing[:5]}, which its layer list names")
+    for n, shape in shapes.items():
+        need = want.get(n, tuple(params[n].shape) if n in params else None)
+        if shape != need:
+            raise ValueError(f"{path} holds {n} {shape}, which this model "
+                             f"{'lacks' if need is None else f'has as {need}'}")
+    with safe_open(path, "pt") as f:  # everything fits: read, then change the model
+        tensors = {n: f.get_tensor(n) for n in shapes}
     model.requires_grad_(False)  # as after add_lora: what the file holds trains
-    for name, spec in layers.items():  # now add the missing LoRA layers
+    for name, spec in specs.items():  # now add the missing LoRA layers
         if name not in have:
             parent, _, leaf = name.rpartition(".")
             owner = model.get_submodule(parent)
             setattr(owner, leaf, LoRALinear(getattr(owner, leaf), spec["r"],
-                                            spec["alpha"], spec.get("dropout", 0.0)))
+                                            spec["alpha"], spec["dropout"]))
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, t in tensors.items():
             params[n].copy_(t)
             params[n].requires_grad_(True)
     return model
+
+
+def _layer_spec(spec) -> dict:
+    "A layer's entry in an adapter file, checked: r, alpha, dropout and fingerprint."
+    if not isinstance(spec, dict) or not {"r", "alpha", "fingerprint"} <= spec.keys():
+        raise ValueError(f"a layer must be described by r, alpha and fingerprint, "
+                         f"got {spec!r:.80}")
+    if not isinstance(spec["fingerprint"], str):
+        raise ValueError(f"fingerprint must be a string, got {spec['fingerprint']!r}")
+    return {"r": check_positive_int(spec["r"], "r"),
+            "alpha": check_number(spec["alpha"], "alpha", low=0, low_open=True),
+            "dropout": check_dropout(spec.get("dropout", 0.0)),
+            "fingerprint": spec["fingerprint"]}
 
 
 def _linear(model: nn.Module, name: str, path: Path) -> nn.Linear:

@@ -21,13 +21,24 @@ def sinusoidal_positions(n_positions: int, d_model: int,
     check_positive_int(n_positions, "n_positions")
     check_positive_int(d_model, "d_model")
     _check_base(base)
-    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
-    i2 = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i = 0, 2, 4, ...
+    return _sinusoid(torch.arange(n_positions), d_model, base)
+
+
+def _sinusoid(positions: torch.Tensor,  # (..., T) integer positions
+              d_model: int, base: float) -> torch.Tensor:  # (..., T, C) float32
+    "The rows of the sinusoidal table for `positions`, computed without the table."
+    pos = positions.to(_angle_dtype(positions.device))[..., None]  # (..., T, 1)
+    i2 = torch.arange(0, d_model, 2, dtype=pos.dtype, device=pos.device)  # 2i
     freqs = base ** (-i2 / d_model)  # (ceil(C/2),)
-    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * freqs)  # (N, ceil(C/2))
-    table[:, 1::2] = torch.cos(pos * freqs)[:, : d_model // 2]  # odd C: last sine alone
+    table = pos.new_zeros(*positions.shape, d_model)
+    table[..., 0::2] = torch.sin(pos * freqs)  # (..., T, ceil(C/2))
+    table[..., 1::2] = torch.cos(pos * freqs)[..., : d_model // 2]  # odd C: last sine
     return table.float()
+
+
+def _angle_dtype(device: torch.device) -> torch.dtype:
+    "float64 for angles (position × frequency stays exact), float32 where there is none."
+    return torch.float32 if device.type == "mps" else torch.float64
 
 # %% ../nbs/07_positions.ipynb #d373d8d4
 def _check_base(base) -> None:
@@ -57,13 +68,12 @@ class SinusoidalPositions(nn.Module):
         super().__init__()
         check_positive_int(d_model, "d_model")
         check_positive_int(max_len, "max_len")
+        _check_base(base)
         self.d_model, self.max_len, self.base = d_model, max_len, base
-        table = sinusoidal_positions(max_len, d_model, base)  # (max_len, C)
-        self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         _check_positions(positions, self.max_len)
-        return self.table[positions]
+        return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
 
 # %% ../nbs/07_positions.ipynb #e0779377
 class LearnedPositions(nn.Module):
@@ -93,7 +103,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self,
                  head_dim: int,  # D, the width of one head's queries and keys; even
-                 max_len: int = 4096,  # positions 0..max_len-1 are precomputed
+                 max_len: int = 4096,  # positions 0..max_len-1 are allowed
                  base: float = 10000.0,  # θ_i = base^(-2i/D)
                  interleaved: bool = False):  # pairs (x0, x1)...; else (x_i, x_{i+D/2})
         super().__init__()
@@ -105,11 +115,6 @@ class RotaryEmbedding(nn.Module):
         check_flag(interleaved, "interleaved")
         self.head_dim, self.max_len = head_dim, max_len
         self.base, self.interleaved = base, interleaved
-        i2 = torch.arange(0, head_dim, 2, dtype=torch.float64)  # 2i = 0, 2, ..., D-2
-        theta = base ** (-i2 / head_dim)  # (D/2,)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * theta  # (L, D/2)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "cos and sin of the angles for `positions`: `(T, D/2)` or `(B, T, D/2)`."
@@ -117,7 +122,11 @@ class RotaryEmbedding(nn.Module):
         if positions.dim() not in (1, 2):
             raise ValueError(f"positions must be (T,) or (B, T), got shape "
                              f"{shape_str(positions)}")
-        return self.cos[positions], self.sin[positions]
+        dtype = _angle_dtype(positions.device)
+        i2 = torch.arange(0, self.head_dim, 2, dtype=dtype, device=positions.device)
+        theta = self.base ** (-i2 / self.head_dim)  # (D/2,): 2i = 0, 2, ..., D-2
+        angles = positions.to(dtype)[..., None] * theta  # (T, D/2) or (B, T, D/2)
+        return angles.cos().float(), angles.sin().float()
 
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

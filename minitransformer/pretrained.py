@@ -14,13 +14,15 @@ from torch import nn
 
 from .multihead import MultiHeadAttention
 
-from .core import (check_bool_mask, check_flag, check_positive_int,
-                                  check_tensor, shape_str)
+from .core import (check_bool_mask, check_flag, check_number,
+                                  check_positive_int, check_tensor, shape_str)
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
+from .training import (check_layer_count, model_from_state, naming,
+                                      parse_json_object)
 
 # %% auto #0
-__all__ = ['Rule', 'KNOWN_UNUSED', 'FAMILIES', 'bert_rules', 'llama_rules', 'gpt2_rules', 'fill', 'bert_config', 'llama_config',
-           'gpt2_config', 'Tokenizer', 'Pretrained', 'load_folder', 'mean_pool', 'attention_weights',
+__all__ = ['Rule', 'KNOWN_UNUSED', 'FAMILIES', 'bert_rules', 'llama_rules', 'gpt2_rules', 'check_rules', 'fill', 'bert_config',
+           'llama_config', 'gpt2_config', 'Tokenizer', 'Pretrained', 'load_folder', 'mean_pool', 'attention_weights',
            'gguf_llama_rules', 'read_gguf', 'gguf_config', 'load_gguf', 'load_pretrained']
 
 # %% ../nbs/14_pretrained.ipynb #af4d439f
@@ -118,51 +120,94 @@ def _why_unused(key: str) -> str:
     return "not used by this architecture"
 
 
+def check_rules(shapes: dict[str, tuple],  # our tensor name -> its shape
+                rules: dict[str, Rule],  # our tensor name -> (source name, transform)
+                source_shapes: dict[str, tuple],  # every source tensor -> its shape
+                where: str = "the checkpoint",  # the source, for the messages
+                ) -> dict[str, str]:  # the source tensors left unused -> why
+    """Check `rules` from the shapes alone, before any tensor is read: every tensor of
+    ours has a rule, every source tensor a rule names exists, and each gives our shape
+    once converted (the conversion runs on a shape-only `meta` tensor). Returns each
+    unused source tensor with the reason; warns about any whose reason is unknown."""
+    if not isinstance(rules, dict):
+        raise TypeError(f"rules must be a dict, got {type(rules).__name__}")
+    if set(rules) != set(shapes):
+        raise ValueError(f"the rules and the model disagree: the model has no "
+                         f"{sorted(set(rules) - set(shapes))[:5]}; no rule for "
+                         f"{sorted(set(shapes) - set(rules))[:5]}")
+    missing = sorted({src for src, _ in rules.values()} - source_shapes.keys())
+    if missing:
+        raise ValueError(f"{where} lacks {len(missing)} tensors the model needs, "
+                         f"e.g. {missing[:5]}")
+    for name, (src, how) in rules.items():
+        try:
+            value = _convert(torch.empty(source_shapes[src], device="meta"), how)
+        except RuntimeError as e:  # e.g. a reshape the stored shape does not allow
+            raise ValueError(f"{where}: {src} of shape {source_shapes[src]} cannot "
+                             f"be converted for {name}: {e}") from None
+        if tuple(value.shape) != tuple(shapes[name]):
+            raise ValueError(f"{where}: {src} gives shape {tuple(value.shape)} for "
+                             f"{name}, which has shape {tuple(shapes[name])}")
+    used = {src for src, _ in rules.values()}
+    unused = {k: _why_unused(k) for k in sorted(source_shapes.keys() - used)}
+    strange = [k for k, why in unused.items() if why == "not used by this architecture"]
+    if strange:
+        warnings.warn(f"{len(strange)} tensors of {where} were not used: "
+                      f"{strange[:10]}", stacklevel=3)
+    return unused
+
+
+def _convert(value: torch.Tensor, how: Callable | None) -> torch.Tensor:
+    value = how(value) if how is not None else value
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"a rule's conversion gave a {type(value).__name__}, not a "
+                        "tensor")
+    return value
+
+
 def fill(model: nn.Module,
          rules: dict[str, Rule],  # our tensor name -> (source name, transform or None)
          tensor: Callable[[str], torch.Tensor],  # source name -> its tensor
-         source_keys,  # every tensor name the source holds
+         source_shapes: dict[str, tuple],  # every source tensor -> its shape
          ) -> dict[str, str]:  # the source tensors left unused -> why
-    """Copy a checkpoint into `model` by `rules`, checking every name and shape before
-    anything is written. Returns each unused source tensor with the reason; warns
-    about any whose reason is not a known one."""
+    """Copy a checkpoint into `model` by `rules`: every name and shape is checked
+    (`check_rules`) before a tensor is read or anything written."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(rules, dict):
-        raise TypeError(f"rules must be a dict, got {type(rules).__name__}")
     if not callable(tensor):
         raise TypeError(f"tensor must be a function of a name, got "
                         f"{type(tensor).__name__}")
-    source_keys = set(source_keys)
+    if not (isinstance(source_shapes, dict) and all(
+            isinstance(s, tuple) and all(isinstance(n, int) for n in s)
+            for s in source_shapes.values())):
+        raise TypeError("source_shapes must map each source tensor's name to its "
+                        "shape, a tuple of ints")
     state = model.state_dict()
-    if set(rules) != set(state):
-        raise ValueError(f"the rules and the model disagree: the model has no "
-                         f"{sorted(set(rules) - set(state))[:5]}; no rule for "
-                         f"{sorted(set(state) - set(rules))[:5]}")
-    missing = sorted({src for src, _ in rules.values()} - source_keys)
-    if missing:
-        raise ValueError(f"the checkpoint lacks {len(missing)} tensors the model "
-                         f"needs, e.g. {missing[:5]}")
-    new = {}
-    for name, (src, how) in rules.items():
-        value = tensor(src)
-        value = how(value) if how is not None else value
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{src} gave a {type(value).__name__}, not a tensor")
-        if tuple(value.shape) != tuple(state[name].shape):
-            raise ValueError(f"{src} gives shape {tuple(value.shape)} for {name}, "
-                             f"which has shape {tuple(state[name].shape)}")
-        new[name] = value
+    unused = check_rules({k: tuple(v.shape) for k, v in state.items()}, rules,
+                         source_shapes)
+    new = {name: _convert(tensor(src), how) for name, (src, how) in rules.items()}
     with torch.no_grad():
         for name, value in new.items():
             state[name].copy_(value)  # tied names share storage: written twice, alike
-    used = {src for src, _ in rules.values()}
-    unused = {k: _why_unused(k) for k in sorted(source_keys - used)}
-    strange = [k for k, why in unused.items() if why == "not used by this architecture"]
-    if strange:
-        warnings.warn(f"{len(strange)} tensors of the checkpoint were not used: "
-                      f"{strange[:10]}", stacklevel=2)
     return unused
+
+
+def _assemble(cls: type, config, rules: dict[str, Rule],
+              tensor: Callable[[str], torch.Tensor], source_shapes: dict[str, tuple],
+              dtype: torch.dtype, where: str) -> tuple[nn.Module, dict[str, str]]:
+    """`cls(config)` with the source's weights, and the unused source tensors: checked
+    from the shapes first, then each tensor read once, converted, and handed to the
+    model (`model_from_state`: no random weights first, no second copy)."""
+    with torch.device("meta"):
+        shape_only = cls(config)
+    shapes = {k: tuple(v.shape) for k, v in shape_only.state_dict().items()}
+    unused = check_rules(shapes, rules, source_shapes, where)
+    distinct = dict(shape_only.named_parameters()) | dict(shape_only.named_buffers())
+    state = {}
+    for name in distinct:  # a tied weight is read once, under its first name
+        src, how = rules[name]
+        state[name] = _convert(tensor(src), how).to(dtype)
+    return model_from_state(cls, config, state), unused
 
 # %% ../nbs/14_pretrained.ipynb #1efe1c0d
 def _need(cfg: dict, key: str, want, why: str) -> None:
@@ -206,8 +251,9 @@ def llama_config(cfg: dict, max_len: int | None = None) -> GPTConfig:
     _need(cfg, "rope_scaling", None, "plain rotary positions")
     rope = cfg.get("rope_parameters") or {}  # transformers 5 keeps the base here
     _need(rope, "rope_type", "default", "plain rotary positions")
-    heads = cfg["num_attention_heads"]
-    _need(cfg, "head_dim", (None, cfg["hidden_size"] // heads), "width / heads")
+    heads = check_positive_int(cfg["num_attention_heads"], "num_attention_heads")
+    width = check_positive_int(cfg["hidden_size"], "hidden_size")
+    _need(cfg, "head_dim", (None, width // heads), "width / heads")
     return GPTConfig(
         vocab_size=cfg["vocab_size"], d_model=cfg["hidden_size"], n_heads=heads,
         n_kv_heads=cfg.get("num_key_value_heads") or heads,
@@ -262,8 +308,13 @@ class Tokenizer:
         backend.no_truncation()  # a text too long for the model is refused by it
         self.bos, self.eos, self.pad = bos, eos, pad
         for name, tok in (("bos", bos), ("eos", eos), ("pad", pad)):
+            if tok is not None and not isinstance(tok, str):
+                raise ValueError(f"the {name} token must be a string, got {tok!r:.60}")
             if tok is not None and backend.token_to_id(tok) is None:
                 raise ValueError(f"the {name} token {tok!r} is not in the vocabulary")
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise ValueError(f"the chat template must be a string, got "
+                             f"{type(chat_template).__name__}")
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -278,13 +329,18 @@ class Tokenizer:
         "From tokenizer.json and, if present, tokenizer_config.json."
         from tokenizers import Tokenizer as Backend
         folder = Path(folder)
-        backend = Backend.from_file(str(folder / "tokenizer.json"))
+        try:  # the tokenizers library raises its own exception type
+            backend = Backend.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:
+            raise ValueError(f"{folder / 'tokenizer.json'} is not a readable "
+                             f"tokenizer: {str(e)[:200]}") from None
         extra = folder / "tokenizer_config.json"
-        cfg = json.loads(extra.read_text()) if extra.is_file() else {}
+        cfg = parse_json_object(extra.read_text(), str(extra)) if extra.is_file() else {}
         template = folder / "chat_template.jinja"  # where transformers >= 4.43 saves it
         chat = template.read_text() if template.is_file() else cfg.get("chat_template")
-        return cls(backend, *(_token_text(cfg.get(f"{k}_token")) for k in
-                              ("bos", "eos", "pad")), chat)
+        with naming(extra):
+            return cls(backend, *(_token_text(cfg.get(f"{k}_token")) for k in
+                                  ("bos", "eos", "pad")), chat)
 
     @classmethod
     def from_gguf(cls, meta: dict) -> Tokenizer:
@@ -298,10 +354,18 @@ class Tokenizer:
                              f"('gpt2') is built")
         if not {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"} <= meta.keys():
             raise ValueError("the GGUF file has no tokenizer.ggml.tokens or merges")
-        tokens = meta["tokenizer.ggml.tokens"]
-        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        backend = Backend(models.BPE({t: i for i, t in enumerate(tokens)}, merges,
-                                     ignore_merges=False))
+        tokens, merges = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"]
+        for key, values in (("tokens", tokens), ("merges", merges)):
+            if not (isinstance(values, list) and values
+                    and all(isinstance(v, str) for v in values)):
+                raise ValueError(f"tokenizer.ggml.{key} must be a list of strings")
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        if not all(len(pair) == 2 and pair[0] in vocab and pair[1] in vocab
+                   and "".join(pair) in vocab for pair in pairs):
+            raise ValueError("tokenizer.ggml.merges names tokens outside the "
+                             "vocabulary (or a merge is not two tokens)")
+        backend = Backend(models.BPE(vocab, pairs, ignore_merges=False))
         split = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
         pre = meta.get("tokenizer.ggml.pre")
         if pre == "smollm":  # digits one at a time, then GPT-2's splitting
@@ -314,8 +378,14 @@ class Tokenizer:
         control = [t for t, k in zip(tokens, kinds) if k == 3]  # 3: llama.cpp's CONTROL
         backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                     for t in control])
-        name = lambda k: (tokens[meta[f"tokenizer.ggml.{k}_token_id"]]
-                          if f"tokenizer.ggml.{k}_token_id" in meta else None)
+        def name(k):  # the special token's text, from its id
+            key = f"tokenizer.ggml.{k}_token_id"
+            if key not in meta:
+                return None
+            i = meta[key]
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+                raise ValueError(f"{key} is {i!r}, not a token id below {len(tokens)}")
+            return tokens[i]
         return cls(backend, name("bos"), name("eos"), name("padding"),
                    meta.get("tokenizer.chat_template"),
                    bool(meta.get("tokenizer.ggml.add_bos_token", False)))
@@ -356,6 +426,9 @@ class Tokenizer:
         Jinja template; `add_generation_prompt` ends with the assistant's turn open."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template")
+        if not isinstance(messages, (list, tuple)):
+            raise TypeError(f"messages must be a list of dicts, got "
+                            f"{type(messages).__name__}")
         if not all(isinstance(m, dict) and {"role", "content"} <= m.keys()
                    for m in messages):
             raise ValueError("messages must be dicts with 'role' and 'content'")
@@ -379,20 +452,25 @@ class Pretrained:
 
 
 def _safetensors(folder: Path):
-    "(tensor getter, every tensor name) of a folder's safetensors, one file or shards."
+    """(tensor getter, {name: shape}) of a folder's safetensors, one file or shards:
+    the shapes from the files' headers, no tensor read."""
     from safetensors import safe_open
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{folder} holds no *.safetensors file (weights saved "
                                 f"as pytorch_model.bin are not read: re-save them)")
-    where = {}
+    where, shapes = {}, {}
     for f in files:
-        with safe_open(f, "pt") as h:
-            where.update({k: f for k in h.keys()})
+        try:
+            with safe_open(f, "pt") as h:
+                for k in h.keys():
+                    where[k], shapes[k] = f, tuple(h.get_slice(k).get_shape())
+        except Exception as e:  # truncated, not safetensors: the library's message
+            raise ValueError(f"{f} is not a readable safetensors file: {e}") from None
     def tensor(key: str) -> torch.Tensor:
         with safe_open(where[key], "pt") as h:
             return h.get_tensor(key)
-    return tensor, where.keys()
+    return tensor, shapes
 
 
 def _strip(keys, prefixes: tuple[str, ...]) -> dict[str, str]:
@@ -407,27 +485,34 @@ def _strip(keys, prefixes: tuple[str, ...]) -> dict[str, str]:
 def load_folder(folder, dtype: torch.dtype = torch.float32,
                 max_len: int | None = None) -> Pretrained:
     """A Hugging Face-format folder (config.json, *.safetensors, and tokenizer.json if
-    present) as our model: BERT-family → `TextEncoder`, Llama and GPT-2 → `GPT`."""
+    present) as our model: BERT-family → `TextEncoder`, Llama and GPT-2 → `GPT`.
+    Everything is checked from the files' headers before the model is built."""
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    config_file = folder / "config.json"
+    if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg = parse_json_object(config_file.read_text(), str(config_file))
     kind = cfg.get("model_type")
-    if kind not in FAMILIES:
-        raise ValueError(f"model_type {kind!r} in {folder / 'config.json'}; "
+    if not isinstance(kind, str) or kind not in FAMILIES:
+        raise ValueError(f"model_type {kind!r} in {config_file}; "
                          f"supported: {sorted(FAMILIES)}")
     cls, make_config, make_rules, prefixes = FAMILIES[kind]
     if max_len is not None and kind != "llama":
         raise ValueError(f"max_len can only shorten rotary models; {kind} has a "
                          f"learned position table of fixed size")
-    config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
-    model = cls(config).to(dtype)  # random weights, replaced below
-    tensor, keys = _safetensors(folder)
-    names = _strip(keys, prefixes)
-    unused = fill(model, make_rules(config), lambda k: tensor(names[k]), names)
+    with naming(config_file):
+        config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
+    tokenizer = None  # read first: a bad tokenizer file costs no weights
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_folder(folder)
+    tensor, shapes = _safetensors(folder)
+    check_layer_count(config_file, config, len(shapes))
+    names = _strip(shapes, prefixes)
+    model, unused = _assemble(cls, config, make_rules(config),
+                              lambda k: tensor(names[k]),
+                              {k: shapes[v] for k, v in names.items()}, dtype,
+                              f"the safetensors files of {folder}")
     unused = {names[k]: why for k, why in unused.items()}
-    has_tokenizer = (folder / "tokenizer.json").is_file()
-    tokenizer = Tokenizer.from_folder(folder) if has_tokenizer else None
     return Pretrained(model.eval(), tokenizer, unused, str(folder))
 
 # %% ../nbs/14_pretrained.ipynb #12427082
@@ -514,21 +599,26 @@ def read_gguf(path) -> tuple[dict, dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
-    try:
+    try:  # a damaged file fails inside the gguf package in many ways
         reader = gguf.GGUFReader(path)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
-    meta = {k: f.contents() for k, f in reader.fields.items()}
-    tensors = {t.name: t for t in reader.tensors}
+        meta = {k: f.contents() for k, f in reader.fields.items()}
+        tensors = {t.name: t for t in reader.tensors}
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable GGUF file: "
+                         f"{type(e).__name__}: {e}") from None
     return meta, tensors
+
+
+def _gguf_shape(t) -> tuple[int, ...]:
+    "A GGUF tensor's shape in PyTorch's order (GGUF lists the fastest axis first)."
+    return tuple(int(n) for n in reversed(t.shape))
 
 
 def _dequantise(t) -> torch.Tensor:
     "One GGUF tensor as float32, in PyTorch's (out, in) order."
     import gguf
     array = gguf.quants.dequantize(t.data, t.tensor_type)
-    shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists the fastest axis 1st
-    return torch.from_numpy(array.reshape(shape).copy())
+    return torch.from_numpy(array.reshape(_gguf_shape(t)).copy())  # owned, writable
 
 
 def gguf_config(meta: dict, tensors: dict, max_len: int | None = None) -> GPTConfig:
@@ -537,26 +627,34 @@ def gguf_config(meta: dict, tensors: dict, max_len: int | None = None) -> GPTCon
     if arch != "llama":
         raise ValueError(f"GGUF architecture {arch!r}: only 'llama' is read")
 
-    def g(key, default=...):
+    def g(key, default=..., check=check_positive_int):
         if default is ... and f"llama.{key}" not in meta:
             raise ValueError(f"the GGUF file lacks llama.{key}")
-        return meta.get(f"llama.{key}", default)
+        value = meta.get(f"llama.{key}", default)
+        return value if value is None else check(value, f"llama.{key}")
 
-    if "rope_freqs.weight" in tensors or g("rope.scaling.type", "none") != "none":
+    def real(value, name):
+        return check_number(value, name, low=0, low_open=True)
+
+    if "rope_freqs.weight" in tensors or meta.get("llama.rope.scaling.type",
+                                                  "none") != "none":
         raise ValueError("the GGUF file scales its rotary frequencies (rope_freqs or "
                          "rope.scaling, as Llama 3.1 does): not supported")
     if "token_embd.weight" not in tensors:
         raise ValueError("the GGUF file lacks token_embd.weight")
+    embedding = _gguf_shape(tensors["token_embd.weight"])
+    if len(embedding) != 2:
+        raise ValueError(f"token_embd.weight has shape {embedding}, not (vocab, width)")
     heads, C = g("attention.head_count"), g("embedding_length")
     if g("rope.dimension_count", C // heads) != C // heads:
         raise ValueError("rotary positions on part of a head are not supported")
     return GPTConfig(
-        vocab_size=tensors["token_embd.weight"].shape[1].item(), d_model=C,
+        vocab_size=embedding[0], d_model=C,
         n_heads=heads, n_kv_heads=g("attention.head_count_kv", heads),
         d_ff=g("feed_forward_length"), n_layers=g("block_count"), activation="swiglu",
-        norm="rmsnorm", norm_eps=float(g("attention.layer_norm_rms_epsilon")),
+        norm="rmsnorm", norm_eps=g("attention.layer_norm_rms_epsilon", check=real),
         bias=False, position_encoding="rotary",
-        rope_base=float(g("rope.freq_base", 1e4)),
+        rope_base=g("rope.freq_base", 1e4, check=real),
         max_len=g("context_length") if max_len is None else max_len,
         tie_weights="output.weight" not in tensors,
         pad_id=meta.get("tokenizer.ggml.padding_token_id", 0))
@@ -566,21 +664,18 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
               max_len: int | None = None) -> Pretrained:
     """A llama.cpp GGUF file of the Llama architecture with a byte-level BPE vocabulary
     (SmolLM2's kind; any quantisation `gguf` reads) as our `GPT`, dequantised, with its
-    tokenizer and chat template."""
+    tokenizer and chat template. Everything is checked from the file's header (its
+    metadata and tensor list) before the model is built."""
     meta, tensors = read_gguf(path)
-    config = gguf_config(meta, tensors, max_len)
-    tokenizer = Tokenizer.from_gguf(meta)  # first: it may refuse the file
-    model = GPT(config).to(dtype)  # random weights, replaced below
+    with naming(path):
+        config = gguf_config(meta, tensors, max_len)
+        check_layer_count(path, config, len(tensors))
+        tokenizer = Tokenizer.from_gguf(meta)  # first: it may refuse the file
     rules = gguf_llama_rules(config.n_layers, config.n_heads, config.n_kv_heads,
                              config.tie_weights)
-    tied = {}
-    def tensor(name: str) -> torch.Tensor:  # the tied matrix is dequantised once
-        if name != "token_embd.weight":
-            return _dequantise(tensors[name])
-        if name not in tied:
-            tied[name] = _dequantise(tensors[name])
-        return tied[name]
-    unused = fill(model, rules, tensor, tensors)
+    shapes = {name: _gguf_shape(t) for name, t in tensors.items()}
+    model, unused = _assemble(GPT, config, rules, lambda k: _dequantise(tensors[k]),
+                              shapes, dtype, str(path))
     return Pretrained(model.eval(), tokenizer, unused, str(path))
 
 # %% ../nbs/14_pretrained.ipynb #744ef461

@@ -33,7 +33,8 @@ from .model import (
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'save_checkpoint',
-           'load_checkpoint', 'train', 'Rank', 'distributed', 'shard_batch']
+           'parse_json_object', 'check_layer_count', 'naming', 'load_checkpoint', 'model_from_state', 'train', 'Rank',
+           'distributed', 'shard_batch']
 
 # %% ../nbs/13_training.ipynb #83ab1eea
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
@@ -215,7 +216,7 @@ def _adamw(params: list, lr: float, betas: tuple,
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
 # %% ../nbs/13_training.ipynb #b5ca59d4
-FORMAT = "minitransformer-checkpoint-3"  # 3: safetensors + JSON; 2: torch.save (.pt)
+FORMAT = "minitransformer-checkpoint-3"  # safetensors + JSON (2 was torch.save's)
 _MODELS = {"GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
            "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
            "VisionTransformer": (VisionTransformer, ViTConfig),
@@ -276,8 +277,25 @@ def save_checkpoint(model: nn.Module, path: str | Path) -> Path:
     return _save(model, path)
 
 # %% ../nbs/13_training.ipynb #b8580cde
+def parse_json_object(text: str, where: str) -> dict:
+    "`text` parsed as a JSON object (a dict); else a ValueError naming `where`."
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:  # not JSON; nested too deeply to read
+        raise ValueError(f"{where} is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a JSON object, got a "
+                         f"{type(value).__name__}")
+    return value
+
+
 def _header(path: Path) -> tuple[dict, dict]:
     "A safetensors file's metadata and {name: (dtype, shape)}, without its tensors."
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    if zipped:  # torch.save's format: unpickling it could run code, so it is not read
+        raise ValueError(f"{path} is a torch.save (zip) file; checkpoints are "
+                         "safetensors files, which save_checkpoint writes")
     try:
         with safe_open(path, framework="pt") as f:
             meta = f.metadata() or {}
@@ -288,7 +306,40 @@ def _header(path: Path) -> tuple[dict, dict]:
     return meta, layout
 
 
-def _expected(path: Path, meta: dict) -> tuple[type, object, dict]:
+def _config(path, cfg_cls: type, fields: dict, n_tensors: int):
+    """`cfg_cls(**fields)`, refused (naming `path`) when it is invalid or claims more
+    layers than a file of `n_tensors` tensors can hold: checked before any model."""
+    try:
+        config = cfg_cls(**fields)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{path} holds an invalid {cfg_cls.__name__}: {e}") from None
+    check_layer_count(path, config, n_tensors)
+    return config
+
+
+def check_layer_count(path, config, n_tensors: int) -> None:
+    """Raise unless the layers `config` claims (its `n_…layers` fields) could be backed
+    by a file of `n_tensors` tensors: every layer holds several. Building a model of
+    10⁷ layers takes minutes even on the meta device; this takes microseconds."""
+    layers = {k: v for k, v in asdict(config).items()
+              if k.startswith("n_") and k.endswith("layers")}
+    if sum(layers.values()) > n_tensors:
+        raise ValueError(f"{path}: its config claims {layers}, but the file holds "
+                         f"only {n_tensors} tensors")
+
+
+@contextmanager
+def naming(path):
+    "Inside the block, a TypeError or ValueError that does not name `path` gets it."
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if str(path) in str(e):
+            raise
+        raise type(e)(f"{path}: {e}") from e
+
+
+def _expected(path: Path, meta: dict, layout: dict) -> tuple[type, object, dict]:
     "The class, config and {name: shape} a checkpoint's metadata describes."
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a minitransformer checkpoint (format "
@@ -296,10 +347,8 @@ def _expected(path: Path, meta: dict) -> tuple[type, object, dict]:
     if meta.get("model") not in _MODELS:
         raise ValueError(f"{path} holds an unknown model {meta.get('model')!r}")
     cls, cfg_cls = _MODELS[meta["model"]]
-    try:
-        config = cfg_cls(**json.loads(meta["config"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path} holds an invalid {cfg_cls.__name__}: {e}") from None
+    fields = parse_json_object(meta.get("config", ""), f"{path}'s config")
+    config = _config(path, cfg_cls, fields, len(layout))
     with torch.device("meta"):  # shapes only: nothing is allocated
         return cls, config, _layout(cls(config))
 
@@ -312,11 +361,9 @@ def _layout(model: nn.Module) -> dict:
 
 def _check_layout(path: Path, meta: dict, layout: dict, shapes: dict) -> dict:
     "Raise unless the file has every tensor `shapes` names, in that shape; the aliases."
-    try:
-        aliases = json.loads(meta.get("aliases", "{}"))
-        assert isinstance(aliases, dict)
-    except (ValueError, AssertionError):
-        raise ValueError(f"{path}: its aliases are not a JSON object") from None
+    aliases = parse_json_object(meta.get("aliases", "{}"), f"{path}'s aliases")
+    if not all(isinstance(target, str) for target in aliases.values()):
+        raise ValueError(f"{path}: its aliases must map names to names")
     stored = {k for k in layout if not k.startswith(_TRAIN)}
     for alias, target in aliases.items():
         if (alias not in shapes or target not in stored
@@ -363,17 +410,14 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
                     map_location: str | torch.device = "cpu",
                     average: bool = False) -> nn.Module:
     """Load a checkpoint into `model` (checked against its config) or a new model.
-    Everything is checked before any model is built or changed; `average=True` loads
-    a training checkpoint's averaged weights instead of its live ones."""
+    Everything is checked from the file's header before any model is built or
+    changed; `average=True` loads a training checkpoint's averaged weights instead
+    of its live ones."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    with open(path, "rb") as f:
-        zipped = f.read(4) == b"PK\x03\x04"
-    if zipped:  # torch.save's format: checkpoints before 0.1.0's end
-        return _load_pt(path, model, map_location)
     meta, layout = _header(path)
-    cls, config, shapes = _expected(path, meta)
+    cls, config, shapes = _expected(path, meta, layout)
     aliases = _check_layout(path, meta, layout, shapes)
     if model is not None:
         _check_fits(path, model, meta["model"], config, shapes)
@@ -386,42 +430,36 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
                  for k in names]
     with safe_open(path, framework="pt", device="cpu") as f:
         state = {k.removeprefix(f"{_TRAIN}average/"): f.get_tensor(k) for k in names}
-    state |= {alias: state[target] for alias, target in aliases.items()}
-    if model is None:
-        model = cls(config).to(map_location)
-    model.load_state_dict(state)  # names, shapes and kinds are known to fit
-    return model
-
-# %% ../nbs/13_training.ipynb #8a0b5185
-def _load_pt(path: Path, model: nn.Module | None, map_location) -> nn.Module:
-    "A checkpoint written by torch.save (format 2, before safetensors), checked alike."
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated or foreign: torch's message
-        raise ValueError(f"{path} is not a readable checkpoint: {e}") from None
-    fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
-    if fmt == "minitransformer-checkpoint-1":
-        raise ValueError(f"{path} was saved by minitransformer before the 0.1.0 "
-                         "reorganisation (format 1), whose parameter names have "
-                         "changed; it cannot be loaded: train the model again")
-    if (fmt != "minitransformer-checkpoint-2"
-            or not isinstance(ckpt.get("config"), dict)):
-        raise ValueError(f"{path} is not a minitransformer checkpoint")
-    meta = {"format": FORMAT, "model": ckpt.get("model"),
-            "config": json.dumps(ckpt["config"])}
-    cls, config, shapes = _expected(path, meta)
-    state = ckpt.get("state_dict") or {}
-    layout = {k: ("F32" if v.is_floating_point() else "I64", tuple(v.shape))
-              for k, v in state.items() if isinstance(v, torch.Tensor)}
-    _check_layout(path, meta, layout, shapes)
     if model is not None:
-        _check_fits(path, model, meta["model"], config, shapes)
-    else:
-        model = cls(config).to(map_location)
-    model.load_state_dict(state)
-    warnings.warn(f"{path} uses the torch.save format of minitransformer 0.1.0's "
-                  "development versions; save_checkpoint writes it as safetensors",
-                  FutureWarning, stacklevel=3)
+        state |= {alias: state[target] for alias, target in aliases.items()}
+        model.load_state_dict(state)  # names, shapes and kinds are known to fit
+        return model
+    dtype = torch.get_default_dtype()  # what a freshly built model would hold
+    return model_from_state(cls, config, {k: v.to(map_location, dtype) if
+                                        v.is_floating_point() else v.to(map_location)
+                                        for k, v in state.items()})
+
+
+def model_from_state(cls: type, config, state: dict) -> nn.Module:
+    """`cls(config)` holding `state`'s tensors themselves: built on the meta device
+    (no memory, no random initialisation), then given the tensors (`assign=True`), so
+    the weights exist once. `state` must fit (checked by the caller); a tied weight
+    may appear under one of its names only, and is one parameter again afterwards."""
+    with torch.device("meta"):
+        model = cls(config)
+    first, tied = {}, []  # parameter -> its first name; (other name, first name)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p in first:
+            tied.append((name, first[p]))
+        else:
+            first[p] = name
+    state = dict(state)
+    for name, target in tied:
+        state.setdefault(name, state[target])
+    model.load_state_dict(state, assign=True)
+    for name, target in tied:  # assign made two parameters of one: tie them again
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, model.get_parameter(target))
     return model
 
 # %% ../nbs/13_training.ipynb #0ba7615a
@@ -481,8 +519,8 @@ def _read_train_state(path: Path, meta: dict, layout: dict, model: nn.Module,
     if "train" not in meta:
         raise fail("it holds no training state (save_checkpoint writes weights only; "
                    "train(..., checkpoint=...) writes a run)")
+    info = parse_json_object(meta["train"], f"{path}'s training state")
     try:
-        info = json.loads(meta["train"])
         step = int(info["step"])
         missing = {"seconds", "skipped", "evals", "run"} - info.keys()
     except (ValueError, KeyError, TypeError, AttributeError) as e:

@@ -38,7 +38,15 @@ from minitransformer.training import (
 pytestmark = pytest.mark.timeout(300)  # the launches have their own timeout (below)
 
 LAUNCH_TIMEOUT = 120  # seconds: a hung run fails its test instead of blocking CI
-TOL = 1e-6  # max abs difference between 2 ranks and 1 process
+# How close 2 ranks and 1 process end. The all-reduce sums the two halves' gradients in
+# another order than one backward pass does, so they differ by float rounding (~1e-7),
+# and AdamW amplifies it: it divides each gradient by its own running size, so a weight
+# whose gradient is nearly zero takes a step of about the learning rate whose sign
+# rounding decides. After a few steps the weights differ by ~1e-6 on one machine and up
+# to ~1e-4 on another; a missing or misweighted all-reduce moves them by ~1e-2.
+WEIGHT_TOL = 1e-4
+LOSS_TOL = 1e-5  # a loss averages thousands of predictions: it moves far less
+TOL = 1e-6  # one process against itself: the same sums in the same order
 
 # The scenarios, as a module: run by each rank under torchrun (`python -m
 # torch.distributed.run ... scenarios.py CORPUS OUT`) and imported by the tests for the
@@ -240,13 +248,13 @@ def test_two_ranks_train_as_one_process_on_the_character_task(launch, reference)
     for name in ("plain", "ema"):  # with ema the model ends holding the average
         ref = reference[name]
         assert r0[name]["steps"] == ref["steps"] == launch["module"].STEPS
-        assert max_diff(r0[name]["weights"], ref["weights"]) <= TOL, name
+        assert max_diff(r0[name]["weights"], ref["weights"]) <= WEIGHT_TOL, name
         diff = max(abs(a - b) for a, b in zip(r0[name]["losses"], ref["losses"]))
-        assert diff <= TOL, (name, r0[name]["losses"], ref["losses"])
+        assert diff <= LOSS_TOL, (name, r0[name]["losses"], ref["losses"])
     # a real comparison: the weights moved, and the average is not the live weights
     start = launch["module"].small_gpt(int(launch["data"].max()) + 1).state_dict()
-    assert max_diff(r0["plain"]["weights"], start) > 100 * TOL
-    assert max_diff(r0["plain"]["weights"], r0["ema"]["weights"]) > 100 * TOL
+    assert max_diff(r0["plain"]["weights"], start) > 10 * WEIGHT_TOL
+    assert max_diff(r0["plain"]["weights"], r0["ema"]["weights"]) > 10 * WEIGHT_TOL
 
 
 def test_ranks_end_bit_identical(launch):
@@ -270,14 +278,14 @@ def test_padding_needs_the_count_to_match_one_process(launch, reference):
             launch["data"], step)[1], r, m.WORLD) for r in (0, 1)))
         assert c0 > 2 * c1 > 0
     counted = max_diff(r0["counted"]["weights"], reference["counted"]["weights"])
-    assert counted <= TOL
+    assert counted <= WEIGHT_TOL
     diff = max(abs(a - b) for a, b in zip(r0["counted"]["losses"],
                                            reference["counted"]["losses"]))
-    assert diff <= TOL, (r0["counted"]["losses"], reference["counted"]["losses"])
+    assert diff <= LOSS_TOL, (r0["counted"]["losses"], reference["counted"]["losses"])
     # the plain mean weighs rank 1's few targets as much as rank 0's many: it must
     # differ from one process (same loss_fn there) by far more than the tolerance
     mean = max_diff(r0["mean"]["weights"], reference["mean"]["weights"])
-    assert mean > 100 * TOL, mean
+    assert mean > 10 * WEIGHT_TOL, mean
     # ... while one process gives the same result either way (it ignores the count)
     assert max_diff(reference["mean"]["weights"], reference["counted"]["weights"]) \
         <= TOL

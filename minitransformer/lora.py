@@ -13,7 +13,8 @@ from safetensors import safe_open
 from torch import nn
 
 from .core import check_dropout, check_number, check_positive_int
-from .training import _write, naming, parse_json_object
+from .training import (_write, _naming, _parse_json_object,
+                                      _tied_parameters)
 
 # %% auto #0
 __all__ = ['ADAPTER_FORMAT', 'LoRALinear', 'add_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'save_adapter',
@@ -26,6 +27,17 @@ def _fingerprint(weight: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+def _settings(base: nn.Linear, r, alpha, dropout,
+              name: str = "the layer") -> tuple[int, float, float]:
+    "A LoRA layer's r, alpha and dropout, checked (r at most `base`'s smaller side)."
+    r = check_positive_int(r, "r")
+    if r > min(base.in_features, base.out_features):
+        raise ValueError(f"r={r} exceeds the smaller side of {name} "
+                         f"{tuple(base.weight.shape)}")
+    return (r, check_number(alpha, "alpha", low=0, low_open=True),
+            check_dropout(dropout))
+
+
 class LoRALinear(nn.Module):
     """A frozen `nn.Linear` plus a trainable low-rank update:
     `y = base(x) + (alpha / r) · B A x`, with A `(r, in)` random and B `(out, r)` zero,
@@ -36,18 +48,13 @@ class LoRALinear(nn.Module):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"base must be an nn.Linear, got {type(base).__name__}")
-        self.r = check_positive_int(r, "r")
-        if r > min(base.in_features, base.out_features):
-            raise ValueError(f"r={r} exceeds the layer's smaller side "
-                             f"{min(base.in_features, base.out_features)}")
-        self.alpha = check_number(alpha, "alpha", low=0, low_open=True)
+        self.r, self.alpha, self.dropout = _settings(base, r, alpha, dropout)
         self.scaling = self.alpha / self.r
         self.base = base.requires_grad_(False)  # frozen
         kw = dict(device=base.weight.device, dtype=base.weight.dtype)
         self.A = nn.Parameter(torch.empty(r, base.in_features, **kw))  # down: in -> r
         self.B = nn.Parameter(torch.zeros(base.out_features, r, **kw))  # up: r -> out
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear (and peft)
-        self.dropout = check_dropout(dropout)
         self.drop = nn.Dropout(self.dropout)
         self.merged = False
         self.fingerprint = _fingerprint(base.weight)  # of the weights it adapts
@@ -117,17 +124,13 @@ def add_lora(model: nn.Module,
                                                 for n in names)]
     if missing:
         raise ValueError(f"trainable names {missing} match no parameter")
-    shared = _shared(model)
+    tied = _tied_parameters(model)
+    shared = set(tied) | set(tied.values())
     for name in found:  # check everything before changing anything
-        layer = model.get_submodule(name)
-        if id(layer.weight) in shared:
+        if f"{name}.weight" in shared:
             raise ValueError(f"{name}.weight is shared with another parameter (tied "
                              f"weights): merging would change both")
-        if check_positive_int(r, "r") > min(layer.in_features, layer.out_features):
-            raise ValueError(f"r={r} exceeds the smaller side of {name} "
-                             f"{tuple(layer.weight.shape)}")
-    check_number(alpha, "alpha", low=0, low_open=True)
-    check_dropout(dropout)
+        _settings(model.get_submodule(name), r, alpha, dropout, name)
     model.requires_grad_(False)
     for name in found:
         parent, _, leaf = name.rpartition(".")
@@ -137,14 +140,6 @@ def add_lora(model: nn.Module,
         if any(name == t or name.startswith(t + ".") for t in trainable):
             p.requires_grad_(True)
     return found
-
-
-def _shared(model: nn.Module) -> set[int]:
-    "ids of the parameters that appear under more than one name (tied weights)."
-    seen, shared = set(), set()
-    for _, p in model.named_parameters(remove_duplicate=False):
-        (shared if id(p) in seen else seen).add(id(p))
-    return shared
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
@@ -217,19 +212,15 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     if meta["model"] != type(model).__name__:
         raise ValueError(f"{path} adapts a {meta['model']}, not a "
                          f"{type(model).__name__}")
-    layers = parse_json_object(meta["layers"], f"{path}'s layer list")
+    layers = _parse_json_object(meta["layers"], f"{path}'s layer list")
     have, params = lora_layers(model), dict(model.named_parameters())
     specs, want = {}, {}
     for name, spec in layers.items():  # check everything before changing anything
-        with naming(f"{path}, layer {name}"):
-            specs[name] = spec = _layer_spec(spec)
         m = have.get(name)
+        base = _linear(model, name, path) if m is None else m.base
+        with _naming(f"{path}, layer {name}"):
+            specs[name] = spec = _layer_spec(spec, base, name)
         if m is None:
-            base = _linear(model, name, path)
-            if spec["r"] > min(base.in_features, base.out_features):
-                raise ValueError(f"{path}: r={spec['r']} for {name} exceeds the "
-                                 f"layer's smaller side "
-                                 f"{min(base.in_features, base.out_features)}")
             seen = _fingerprint(base.weight)
             want[f"{name}.A"] = (spec["r"], base.in_features)
             want[f"{name}.B"] = (base.out_features, spec["r"])
@@ -249,6 +240,10 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     if missing:
         raise ValueError(f"{path} lacks {missing[:5]}, which its layer list names")
     for n, shape in shapes.items():
+        inside = next((name for name in specs if n.startswith(f"{name}.")), None)
+        if n not in want and inside is not None:  # e.g. a base weight under LoRA
+            raise ValueError(f"{path} holds {n}, which is not LoRA's A or B of the "
+                             f"layer {inside} it adapts")
         need = want.get(n, tuple(params[n].shape) if n in params else None)
         if shape != need:
             raise ValueError(f"{path} holds {n} {shape}, which this model "
@@ -270,16 +265,16 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     return model
 
 
-def _layer_spec(spec) -> dict:
+def _layer_spec(spec, base: nn.Linear, name: str) -> dict:
     "A layer's entry in an adapter file, checked: r, alpha, dropout and fingerprint."
     if not isinstance(spec, dict) or not {"r", "alpha", "fingerprint"} <= spec.keys():
         raise ValueError(f"a layer must be described by r, alpha and fingerprint, "
                          f"got {spec!r:.80}")
     if not isinstance(spec["fingerprint"], str):
         raise ValueError(f"fingerprint must be a string, got {spec['fingerprint']!r}")
-    return {"r": check_positive_int(spec["r"], "r"),
-            "alpha": check_number(spec["alpha"], "alpha", low=0, low_open=True),
-            "dropout": check_dropout(spec.get("dropout", 0.0)),
+    r, alpha, dropout = _settings(base, spec["r"], spec["alpha"],
+                                  spec.get("dropout", 0.0), name)
+    return {"r": r, "alpha": alpha, "dropout": dropout,
             "fingerprint": spec["fingerprint"]}
 
 

@@ -82,7 +82,7 @@ class _Embed(nn.Module):
                 token_types: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tok(ids, name)  # (B, T, C); errors name the caller's argument
         if self.pos is not None:
-            x = x + self.pos(positions)  # (T, C) or (B, T, C), broadcast
+            x = x + self.pos(positions).to(x.dtype)  # (T, C) or (B, T, C), broadcast
         if self.types is not None:
             x = x + self.types(token_types)  # (B, T, C)
         if self.norm is not None:
@@ -414,7 +414,7 @@ class EncoderClassifier(nn.Module):
             x = torch.cat([self.cls.expand(B, -1, -1), x], 1)
             keep = torch.cat([keep.new_ones(B, 1), keep], 1)
         positions = default_positions(0, x.shape[1], ids.device)
-        x = self.embed.drop(x + self.embed.pos(positions))
+        x = self.embed.drop(x + self.embed.pos(positions).to(x.dtype))
         x = self.encoder(x, mask=keep[:, None, None, :])  # padding only, no causal mask
         if self.cls is not None:
             return self.head(x[:, 0])

@@ -37,7 +37,7 @@ def _sinusoid(positions: torch.Tensor,  # (..., T) integer positions
 
 
 def _angle_dtype(device: torch.device) -> torch.dtype:
-    "float64 for angles (position × frequency stays exact), float32 where there is none."
+    "float64 for angles (position × frequency exact), float32 where there is none."
     return torch.float32 if device.type == "mps" else torch.float64
 
 # %% ../nbs/07_positions.ipynb #d373d8d4
@@ -134,6 +134,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = _check_rotate(x, angles, self.head_dim)  # they fit; else raise
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): all heads
             cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
         # (no copy into a contiguous layout: the output keeps x's, and so does the
         # gradient that attention sends back through it)
         xf = x.float()  # float32 arithmetic also for bfloat16 (a no-op for float32)

@@ -17,8 +17,9 @@ from .multihead import MultiHeadAttention
 from .core import (check_bool_mask, check_flag, check_number,
                                   check_positive_int, check_tensor, shape_str)
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
-from .training import (check_layer_count, model_from_state, naming,
-                                      parse_json_object)
+from .qkv import _check_float_dtype
+from .training import (_check_layer_count, expected_layout,
+                                      model_from_state, _naming, _parse_json_object)
 
 # %% auto #0
 __all__ = ['Rule', 'KNOWN_UNUSED', 'FAMILIES', 'bert_rules', 'llama_rules', 'gpt2_rules', 'check_rules', 'fill', 'bert_config',
@@ -196,17 +197,17 @@ def _assemble(cls: type, config, rules: dict[str, Rule],
               tensor: Callable[[str], torch.Tensor], source_shapes: dict[str, tuple],
               dtype: torch.dtype, where: str) -> tuple[nn.Module, dict[str, str]]:
     """`cls(config)` with the source's weights, and the unused source tensors: checked
-    from the shapes first, then each tensor read once, converted, and handed to the
-    model (`model_from_state`: no random weights first, no second copy)."""
-    with torch.device("meta"):
-        shape_only = cls(config)
-    shapes = {k: tuple(v.shape) for k, v in shape_only.state_dict().items()}
-    unused = check_rules(shapes, rules, source_shapes, where)
-    distinct = dict(shape_only.named_parameters()) | dict(shape_only.named_buffers())
+    from the shapes first (`expected_layout`, `check_rules`), then each tensor read
+    once, converted, and handed to the model (`model_from_state`: no random weights
+    first, no second copy)."""
+    layout, tied = expected_layout(cls, config)  # no model built yet
+    unused = check_rules({k: shape for k, (_, shape) in layout.items()}, rules,
+                         source_shapes, where)
     state = {}
-    for name in distinct:  # a tied weight is read once, under its first name
-        src, how = rules[name]
-        state[name] = _convert(tensor(src), how).to(dtype)
+    for name, (floating, _) in layout.items():
+        if name not in tied:  # a tied weight is read once, under its first name
+            value = _convert(tensor(rules[name][0]), rules[name][1])
+            state[name] = value.to(dtype) if floating else value
     return model_from_state(cls, config, state), unused
 
 # %% ../nbs/14_pretrained.ipynb #1efe1c0d
@@ -335,10 +336,16 @@ class Tokenizer:
             raise ValueError(f"{folder / 'tokenizer.json'} is not a readable "
                              f"tokenizer: {str(e)[:200]}") from None
         extra = folder / "tokenizer_config.json"
-        cfg = parse_json_object(extra.read_text(), str(extra)) if extra.is_file() else {}
+        cfg = {} if not extra.is_file() else _parse_json_object(extra.read_bytes(),
+                                                                str(extra))
         template = folder / "chat_template.jinja"  # where transformers >= 4.43 saves it
-        chat = template.read_text() if template.is_file() else cfg.get("chat_template")
-        with naming(extra):
+        chat = cfg.get("chat_template")
+        if template.is_file():
+            try:
+                chat = template.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{template} is not UTF-8 text: {e}") from None
+        with _naming(extra):
             return cls(backend, *(_token_text(cfg.get(f"{k}_token")) for k in
                                   ("bos", "eos", "pad")), chat)
 
@@ -383,7 +390,8 @@ class Tokenizer:
             if key not in meta:
                 return None
             i = meta[key]
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(
+                    tokens):
                 raise ValueError(f"{key} is {i!r}, not a token id below {len(tokens)}")
             return tokens[i]
         return cls(backend, name("bos"), name("eos"), name("padding"),
@@ -488,10 +496,11 @@ def load_folder(folder, dtype: torch.dtype = torch.float32,
     present) as our model: BERT-family → `TextEncoder`, Llama and GPT-2 → `GPT`.
     Everything is checked from the files' headers before the model is built."""
     folder = Path(folder)
+    _check_float_dtype(dtype)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")
-    cfg = parse_json_object(config_file.read_text(), str(config_file))
+    cfg = _parse_json_object(config_file.read_bytes(), str(config_file))
     kind = cfg.get("model_type")
     if not isinstance(kind, str) or kind not in FAMILIES:
         raise ValueError(f"model_type {kind!r} in {config_file}; "
@@ -500,13 +509,13 @@ def load_folder(folder, dtype: torch.dtype = torch.float32,
     if max_len is not None and kind != "llama":
         raise ValueError(f"max_len can only shorten rotary models; {kind} has a "
                          f"learned position table of fixed size")
-    with naming(config_file):
+    with _naming(config_file):
         config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
     tokenizer = None  # read first: a bad tokenizer file costs no weights
     if (folder / "tokenizer.json").is_file():
         tokenizer = Tokenizer.from_folder(folder)
     tensor, shapes = _safetensors(folder)
-    check_layer_count(config_file, config, len(shapes))
+    _check_layer_count(config_file, config, len(shapes))
     names = _strip(shapes, prefixes)
     model, unused = _assemble(cls, config, make_rules(config),
                               lambda k: tensor(names[k]),
@@ -666,10 +675,11 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
     (SmolLM2's kind; any quantisation `gguf` reads) as our `GPT`, dequantised, with its
     tokenizer and chat template. Everything is checked from the file's header (its
     metadata and tensor list) before the model is built."""
+    _check_float_dtype(dtype)
     meta, tensors = read_gguf(path)
-    with naming(path):
+    with _naming(path):
         config = gguf_config(meta, tensors, max_len)
-        check_layer_count(path, config, len(tensors))
+        _check_layer_count(path, config, len(tensors))
         tokenizer = Tokenizer.from_gguf(meta)  # first: it may refuse the file
     rules = gguf_llama_rules(config.n_layers, config.n_heads, config.n_kv_heads,
                              config.tie_weights)

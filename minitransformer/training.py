@@ -3,7 +3,6 @@
 # %% ../nbs/13_training.ipynb #c8b391e6
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import numbers
@@ -12,7 +11,7 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -33,8 +32,7 @@ from .model import (
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'save_checkpoint',
-           'parse_json_object', 'check_layer_count', 'naming', 'load_checkpoint', 'model_from_state', 'train', 'Rank',
-           'distributed', 'shard_batch']
+           'expected_layout', 'load_checkpoint', 'model_from_state', 'train', 'Rank', 'distributed', 'shard_batch']
 
 # %% ../nbs/13_training.ipynb #83ab1eea
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
@@ -277,11 +275,12 @@ def save_checkpoint(model: nn.Module, path: str | Path) -> Path:
     return _save(model, path)
 
 # %% ../nbs/13_training.ipynb #b8580cde
-def parse_json_object(text: str, where: str) -> dict:
-    "`text` parsed as a JSON object (a dict); else a ValueError naming `where`."
+def _parse_json_object(text: str | bytes, where: str) -> dict:
+    """`text` (or a file's bytes: UTF-8) parsed as a JSON object (a dict); else a
+    ValueError naming `where`."""
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError) as e:  # not JSON; nested too deeply to read
+    except (ValueError, RecursionError) as e:  # not JSON or UTF-8; nested too deeply
         raise ValueError(f"{where} is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{where} must be a JSON object, got a "
@@ -312,12 +311,13 @@ def _config(path, cfg_cls: type, fields: dict, n_tensors: int):
     try:
         config = cfg_cls(**fields)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"{path} holds an invalid {cfg_cls.__name__}: {e}") from None
-    check_layer_count(path, config, n_tensors)
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(f"{path} holds an invalid {cfg_cls.__name__}: {e}") from None
+    _check_layer_count(path, config, n_tensors)
     return config
 
 
-def check_layer_count(path, config, n_tensors: int) -> None:
+def _check_layer_count(path, config, n_tensors: int) -> None:
     """Raise unless the layers `config` claims (its `n_…layers` fields) could be backed
     by a file of `n_tensors` tensors: every layer holds several. Building a model of
     10⁷ layers takes minutes even on the meta device; this takes microseconds."""
@@ -329,28 +329,67 @@ def check_layer_count(path, config, n_tensors: int) -> None:
 
 
 @contextmanager
-def naming(path):
+def _naming(path):
     "Inside the block, a TypeError or ValueError that does not name `path` gets it."
     try:
         yield
     except (TypeError, ValueError) as e:
         if str(path) in str(e):
             raise
-        raise type(e)(f"{path}: {e}") from e
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(f"{path}: {e}") from e
 
 
-def _expected(path: Path, meta: dict, layout: dict) -> tuple[type, object, dict]:
-    "The class, config and {name: shape} a checkpoint's metadata describes."
+def _expected(path: Path, meta: dict, layout: dict) -> tuple:
+    "The class, config, {name: (floating?, shape)} and tied names the header describes."
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a minitransformer checkpoint (format "
                          f"{meta.get('format')!r}, expected {FORMAT!r})")
     if meta.get("model") not in _MODELS:
         raise ValueError(f"{path} holds an unknown model {meta.get('model')!r}")
     cls, cfg_cls = _MODELS[meta["model"]]
-    fields = parse_json_object(meta.get("config", ""), f"{path}'s config")
+    fields = _parse_json_object(meta.get("config", ""), f"{path}'s config")
     config = _config(path, cfg_cls, fields, len(layout))
+    return (cls, config, *expected_layout(cls, config))
+
+
+def expected_layout(cls: type, config) -> tuple[dict, dict]:
+    """{name: (floating?, shape)} of `cls(config)`'s state dict and its tied names
+    ({name: the name it shares a parameter with}), without building that model: from
+    meta-device models with one and two layers per stack, whose layers repeat. The
+    cost does not grow with the layers a config claims (bound them first)."""
+    fields = [k for k in asdict(config) if k.startswith("n_") and k.endswith("layers")]
+    small = replace(config, **{f: 1 for f in fields})
     with torch.device("meta"):  # shapes only: nothing is allocated
-        return cls, config, _layout(cls(config))
+        one = cls(small)
+        layout, tied = _layout(one), _tied_parameters(one)
+        layers = {}  # a stack's prefix ('decoder.layers.') -> (its field, layer 0)
+        for f in fields:
+            two = _layout(cls(replace(small, **{f: 2})))
+            second = [k for k in two if k not in layout]  # the names of layer 1
+            parts = second[0].split(".")  # the index that is 1 here and 0 in `layout`
+            i = next(i for i, p in enumerate(parts) if p == "1" and ".".join(
+                parts[:i] + ["0"] + parts[i + 1:]) in layout)
+            prefix = ".".join(parts[:i]) + "."
+            layers[prefix] = f, {k[len(prefix) + 2:]: v for k, v in layout.items()
+                                 if k.startswith(prefix + "0.")}
+    assert not any(k.startswith(tuple(layers)) for k in tied), "tied inside a layer"
+    out = {k: v for k, v in layout.items() if not k.startswith(tuple(layers))}
+    for prefix, (f, layer) in layers.items():
+        for n in range(getattr(config, f)):
+            out |= {f"{prefix}{n}.{rest}": v for rest, v in layer.items()}
+    return out, tied
+
+
+def _tied_parameters(model: nn.Module) -> dict[str, str]:
+    "{name: the first name of the same parameter} for every parameter seen twice."
+    first, tied = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p in first:
+            tied[name] = first[p]
+        else:
+            first[p] = name
+    return tied
 
 
 def _layout(model: nn.Module) -> dict:
@@ -359,19 +398,19 @@ def _layout(model: nn.Module) -> dict:
             for k, t in model.state_dict().items()}
 
 
-def _check_layout(path: Path, meta: dict, layout: dict, shapes: dict) -> dict:
-    "Raise unless the file has every tensor `shapes` names, in that shape; the aliases."
-    aliases = parse_json_object(meta.get("aliases", "{}"), f"{path}'s aliases")
-    if not all(isinstance(target, str) for target in aliases.values()):
-        raise ValueError(f"{path}: its aliases must map names to names")
+def _check_layout(path: Path, meta: dict, layout: dict, shapes: dict,
+                  tied: dict) -> dict:
+    """Raise unless the file has every tensor `shapes` names, in that shape, with each
+    of the `tied` names stored once and named by an alias; return the aliases."""
+    aliases = _parse_json_object(meta.get("aliases", "{}"), f"{path}'s aliases")
+    pairs = lambda d: {frozenset(item) for item in d.items()}
+    if (not all(isinstance(v, str) for v in aliases.values())
+            or pairs(aliases) != pairs(tied)):  # (JSON's keys are strings)
+        raise ValueError(f"{path}: its aliases {aliases!r:.200} do not name its "
+                         f"config's tied weights {tied}")
     stored = {k for k in layout if not k.startswith(_TRAIN)}
-    for alias, target in aliases.items():
-        if (alias not in shapes or target not in stored
-                or shapes.get(alias) != shapes.get(target)):
-            raise ValueError(f"{path}: alias {alias!r} -> {target!r} does not fit its "
-                             "config")
     missing = sorted(shapes.keys() - stored - aliases.keys())
-    unexpected = sorted(stored - shapes.keys())
+    unexpected = sorted(stored - (shapes.keys() - aliases.keys()))
     if missing or unexpected:
         raise ValueError(f"{path}: its tensors do not match its config: missing "
                          f"{missing}, unexpected {unexpected}")
@@ -417,8 +456,8 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     meta, layout = _header(path)
-    cls, config, shapes = _expected(path, meta, layout)
-    aliases = _check_layout(path, meta, layout, shapes)
+    cls, config, shapes, tied = _expected(path, meta, layout)
+    aliases = _check_layout(path, meta, layout, shapes, tied)
     if model is not None:
         _check_fits(path, model, meta["model"], config, shapes)
     names = [k for k in shapes if k not in aliases]
@@ -447,19 +486,16 @@ def model_from_state(cls: type, config, state: dict) -> nn.Module:
     may appear under one of its names only, and is one parameter again afterwards."""
     with torch.device("meta"):
         model = cls(config)
-    first, tied = {}, []  # parameter -> its first name; (other name, first name)
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if p in first:
-            tied.append((name, first[p]))
-        else:
-            first[p] = name
+    tied = _tied_parameters(model)
     state = dict(state)
-    for name, target in tied:
+    for name, target in tied.items():
         state.setdefault(name, state[target])
     model.load_state_dict(state, assign=True)
-    for name, target in tied:  # assign made two parameters of one: tie them again
+    for name, target in tied.items():  # assign made two parameters of one: tie again
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, model.get_parameter(target))
+    left = [k for k, t in model.state_dict().items() if t.is_meta]
+    assert not left, f"{cls.__name__} keeps tensors that no state dict holds: {left}"
     return model
 
 # %% ../nbs/13_training.ipynb #0ba7615a
@@ -519,7 +555,7 @@ def _read_train_state(path: Path, meta: dict, layout: dict, model: nn.Module,
     if "train" not in meta:
         raise fail("it holds no training state (save_checkpoint writes weights only; "
                    "train(..., checkpoint=...) writes a run)")
-    info = parse_json_object(meta["train"], f"{path}'s training state")
+    info = _parse_json_object(meta["train"], f"{path}'s training state")
     try:
         step = int(info["step"])
         missing = {"seconds", "skipped", "evals", "run"} - info.keys()
@@ -595,11 +631,7 @@ class _Ranks:
             return model
         device = next(model.parameters()).device
         ids = [device.index] if device.type == "cuda" else None
-        # the buffers (rotary and sinusoid tables) are constants: no copy per step
-        quiet = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-                 inspect.signature(DistributedDataParallel).parameters  # torch 2.13+
-                 else {"broadcast_buffers": False})
-        return DistributedDataParallel(model, device_ids=ids, **quiet)
+        return DistributedDataParallel(model, device_ids=ids)
 
     def seconds(self, seconds: float) -> float:
         "Rank 0's training time, so every rank sees the same budget and learning rate."

@@ -41,9 +41,10 @@ LAUNCH_TIMEOUT = 120  # seconds: a hung run fails its test instead of blocking C
 # How close 2 ranks and 1 process end. The all-reduce sums the two halves' gradients in
 # another order than one backward pass does, so they differ by float rounding (~1e-7),
 # and AdamW amplifies it: it divides each gradient by its own running size, so a weight
-# whose gradient is nearly zero takes a step of about the learning rate whose sign
-# rounding decides. After a few steps the weights differ by ~1e-6 on one machine and up
-# to ~1e-4 on another; a missing or misweighted all-reduce moves them by ~1e-2.
+# whose gradient is nearly zero takes a step of up to the learning rate whose size
+# rounding decides. This bias-free model ends 8 steps ~1e-7 apart here; a GPT-2-style
+# one, whose key biases have an exactly zero gradient, ~1e-4 apart after 12 steps. The
+# weights themselves move ~1e-2, and a misweighted all-reduce moves them ~2e-2.
 WEIGHT_TOL = 1e-4
 LOSS_TOL = 1e-5  # a loss averages thousands of predictions: it moves far less
 TOL = 1e-6  # one process against itself: the same sums in the same order
@@ -254,7 +255,7 @@ def test_two_ranks_train_as_one_process_on_the_character_task(launch, reference)
     # a real comparison: the weights moved, and the average is not the live weights
     start = launch["module"].small_gpt(int(launch["data"].max()) + 1).state_dict()
     assert max_diff(r0["plain"]["weights"], start) > 10 * WEIGHT_TOL
-    assert max_diff(r0["plain"]["weights"], r0["ema"]["weights"]) > 10 * WEIGHT_TOL
+    assert max_diff(r0["plain"]["weights"], r0["ema"]["weights"]) > 100 * TOL
 
 
 def test_ranks_end_bit_identical(launch):

@@ -68,10 +68,14 @@ EXEMPT = {
     "training.distributed": "joins torchrun's process group; its own tests "
                             "(tests/test_distributed.py)",
     "training.Rank": "a named tuple of what distributed() found",
+    "training.expected_layout": "a model class and its config, checked by the class; its "
+                                "own tests (tests/test_hostile_files.py)",
+    "training.model_from_state": "builds a model from a state its loader has checked; its "
+                                 "own tests (tests/test_hostile_files.py)",
     "core.tracing": "takes no arguments: whether torch.compile is tracing",
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
-           "fill", "load_folder", "load_gguf", "load_pretrained", "read_gguf",
+           "fill", "check_rules", "load_folder", "load_gguf", "load_pretrained", "read_gguf",
            "gguf_config", "Tokenizer", "Pretrained", "attention_weights")},
     **{f"pretrained.{name}": "a constant (a type alias or a table)" for name in (
            "Rule", "KNOWN_UNUSED", "FAMILIES")},

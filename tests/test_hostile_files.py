@@ -428,3 +428,81 @@ def test_an_adapter_layer_list_that_is_not_json(tmp_path):
     base, _ = adapted()
     with pytest.raises(ValueError, match="layer list is not valid JSON"):
         load_adapter(base, path)
+
+
+def test_an_adapter_naming_a_weight_it_wraps_is_refused(tmp_path):
+    "A base weight of a layer the adapter wraps would move under LoRA: refused first."
+    layer = "decoder.layers.0.self_attn.qkv.q_proj"
+    path = adapter(tmp_path / "base.safetensors")
+    tensors = load_file(path)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    base, _ = adapted()
+    tensors[f"{layer}.weight"] = base.get_parameter(f"{layer}.weight").detach().clone()
+    save_file(tensors, path, metadata=meta)
+    before = snapshot(base)
+    with pytest.raises(ValueError, match=f"{layer}.weight, which is not LoRA"):
+        load_adapter(base, path)
+    assert same_state(base, before) and not lora_layers(base)
+
+
+# --- more checkpoint and folder cases ----------------------------------------------------
+
+def test_aliases_must_be_the_config_s_tied_weights(tmp_path):
+    path = checkpoint(tmp_path / "alias.safetensors",
+                      aliases=json.dumps({"decoder.norm.weight":
+                                          "decoder.layers.0.attn_norm.weight"}))
+    model = GPT(CFG)
+    before = snapshot(model)
+    for target in (None, model):
+        with pytest.raises(ValueError, match="do not name its config's tied weights"):
+            load_checkpoint(path, target)
+    assert same_state(model, before)
+
+
+def test_a_tied_weight_stored_twice_is_refused(tmp_path):
+    path = checkpoint(tmp_path / "twice.safetensors", aliases="{}")
+    tensors = load_file(path)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    tensors["head.weight"] = torch.randn_like(tensors["embed.tok.weight"])
+    save_file(tensors, path, metadata=meta)
+    for target in (None, GPT(CFG)):
+        with pytest.raises(ValueError, match="tied weights"):
+            load_checkpoint(path, target)
+
+
+@pytest.mark.timeout(60)
+def test_junk_tensors_do_not_buy_layers(tmp_path):
+    "A thousand empty tensors back no layer: every expected name is checked first."
+    import time
+    path = with_config(tmp_path / "junk.safetensors", n_layers=1000)
+    tensors = load_file(path) | {f"junk.{i}": torch.zeros(0) for i in range(9000)}
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    save_file(tensors, path, metadata=meta)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="missing"):
+        load_checkpoint(path)
+    assert time.perf_counter() - start < 10
+
+
+def test_files_that_are_not_utf8_name_themselves(tmp_path):
+    folder = llama_folder(tmp_path / "binary")
+    (folder / "config.json").write_bytes(b"\xff\xfe{\x00")
+    with pytest.raises(ValueError, match="config.json"):
+        load_folder(folder)
+    folder = llama_folder(tmp_path / "template")
+    (folder / "tokenizer.json").write_text(_tiny_tokenizer_json())
+    (folder / "chat_template.jinja").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="chat_template.jinja"):
+        load_folder(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, "bfloat16"])
+def test_a_wrong_dtype_is_refused_before_reading(tmp_path, dtype):
+    folder = llama_folder(tmp_path / "dtype")
+    with pytest.raises((TypeError, ValueError), match="dtype"):
+        load_folder(folder, dtype=dtype)
+    with pytest.raises((TypeError, ValueError), match="dtype"):
+        load_gguf(gguf_file(tmp_path / "d.gguf"), dtype=dtype)

@@ -6,11 +6,13 @@ and nbval fails there. A chapter prints such a claim as a bound (``below 1e-5``)
 value; a cell whose output legitimately varies is tagged ``nbval-ignore-output``.
 
 What counts as noise: a number whose magnitude is below 1e-4 and not zero, in plain or scientific
-notation; a zero written in a float format's scientific notation (``0.0e+00``, the way an
-f-string prints a gap that happened to vanish); a negative zero (``-0.0000``: the sign of a value
-that rounds to zero). Not noise: a number right after ``<``, ``≤``, ``~``, ``=`` or the words "to",
-"within", "below" (a bound or a constant such as ``eps=1e-12``), and any number on a line that
-says it is exact (the word "exact" or "exactly": such a claim holds on every machine).
+notation; a float printed at full precision (7 or more significant digits, as in 0.9999999403953552);
+a zero written in scientific notation outside a tensor's repr (``0.0e+00``, the way an f-string
+prints a gap that happened to vanish); a negative zero (``-0.0000``: the sign of a value that rounds
+to zero). Not noise: a round number (one significant digit) right after ``<``, ``≤``, ``~``, ``=``
+or the words "to", "within", "below" — a bound such as ``agree to 1e-5`` or a constant such as
+``eps=1e-12`` — and a zero on a line that says it is exact (the word "exact" or "exactly": such a
+claim holds on every machine).
 """
 import json
 import re
@@ -19,22 +21,29 @@ import pytest
 
 from conftest import chapter_notebooks
 
-_NUMBER = re.compile(r"(?<![\w.])(?P<sign>-?)(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?!\w|\.\d)")
+_NUMBER = re.compile(r"(?<![\w.])(?P<sign>-?)(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?!\d|\.\d)")
 _BOUND = re.compile(r"(?:[<≤~=]|\bto|\bwithin|\bbelow)\s*$")
 _EXACT = re.compile(r"\bexact(?:ly)?\b", re.IGNORECASE)
-_SCI_ZERO = re.compile(r"0(?:\.0{1,3})?[eE][-+]?0+")
+_SCI_ZERO = re.compile(r"0(?:\.0+)?[eE][-+]?0+")
+_ROUND = re.compile(r"[1-9](?:\.0*)?(?:[eE][-+]?\d+)?|0\.0*[1-9]")  # one significant digit
+_TENSOR_LINE = re.compile(r"\s*(?:\(?tensor\(|\[)")  # a row of a tensor's repr
 
 
 def noise_in(line: str) -> list[str]:
     "The numbers of one output line that would print differently on another CPU."
-    if _EXACT.search(line):
-        return []
+    exact, in_tensor = _EXACT.search(line), _TENSOR_LINE.match(line)
     found = []
     for m in _NUMBER.finditer(line):
-        if _BOUND.search(line[: m.start()]):
-            continue
         text, value = m.group("num"), float(m.group("num"))
-        if 0 < value < 1e-4 or (value == 0 and (_SCI_ZERO.fullmatch(text) or m.group("sign"))):
+        if _ROUND.fullmatch(text) and _BOUND.search(line[: m.start()]):
+            continue  # a bound or a constant
+        digits = len(re.sub(r"^[0.]+", "", text.split("e")[0].split("E")[0].replace(".", "")))
+        if value == 0:
+            noisy = bool(m.group("sign")) or (_SCI_ZERO.fullmatch(text) and not in_tensor)
+            noisy = noisy and not exact
+        else:
+            noisy = value < 1e-4 or ("." in text and digits >= 7)
+        if noisy:
             found.append(m.group(0))
     return found
 
@@ -59,6 +68,17 @@ def output_text(cell: dict) -> str:
     ("agree to 1e-5: True", []),
     ("norm_eps=1e-12, dropout=0.0", []),
     ("resumed bit-exact: 0.0e+00", []),
+    ("bit-exact: False, largest gap 3.1e-07", ["3.1e-07"]),
+    ("max err=3.9e-07, gap = 2.1e-07", ["3.9e-07", "2.1e-07"]),
+    ("loss fell from 2.1 to 3.9e-05", ["3.9e-05"]),
+    ("largest gap over 20 steps: 7e-07", ["7e-07"]),
+    ("gap 0.0000e+00", ["0.0000e+00"]),
+    ("tensor([[ 0.0000e+00, -3.3895e+38],", []),
+    ("took 3.2e-05s", ["3.2e-05"]),
+    ("sum 0.9999999403953552, tensor(1.0000001192092896)", ["0.9999999403953552",
+                                                            "1.0000001192092896"]),
+    ("22,565,376 parameters; 134.5 M; cosine 1.0000", []),
+    ("below 2.5e-05", ["2.5e-05"]),
     ("tensor([[0.1824, 0.0000, 0.8176],", []),
     ("losses 4.408 3.896, lr 3e-3, torch 2.13.0, 1e-4", []),
 ])

@@ -626,8 +626,10 @@ def _gguf_shape(t) -> tuple[int, ...]:
 def _dequantise(t) -> torch.Tensor:
     "One GGUF tensor as float32, in PyTorch's (out, in) order."
     import gguf
-    array = gguf.quants.dequantize(t.data, t.tensor_type)
-    return torch.from_numpy(array.reshape(_gguf_shape(t)).copy())  # owned, writable
+    array = gguf.quants.dequantize(t.data, t.tensor_type).reshape(_gguf_shape(t))
+    if not array.flags.writeable:  # float32 data is a view of the file: copy it out
+        array = array.copy()
+    return torch.from_numpy(array)
 
 
 def gguf_config(meta: dict, tensors: dict, max_len: int | None = None) -> GPTConfig:

@@ -100,6 +100,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_generate.py
 	$(BIN)/python bench/bench_smollm2.py
 	$(BIN)/python bench/bench_train_step.py
+	$(BIN)/python bench/bench_load.py
 
 clean:
 	rm -rf _build _vendor

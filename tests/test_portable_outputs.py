@@ -2,8 +2,8 @@
 
 nbval compares each cell's text output with the committed one. A value like 3.9e-07 (the gap between
 two float32 computations that sum in another order) comes out as 7.2e-07 or 0.0e+00 on another CPU,
-and nbval fails there. A chapter prints such a claim as a bound (``below 1e-5``) and asserts the
-value; a cell whose output legitimately varies is tagged ``nbval-ignore-output``.
+and nbval fails there. A chapter prints such a claim as a bound (``agree to 10⁻⁵``) and asserts
+the value; a cell whose output legitimately varies is tagged ``nbval-ignore-output``.
 
 What counts as noise: a number whose magnitude is below 1e-4 and not zero, in plain or scientific
 notation; a float printed at full precision (7 or more significant digits, as in 0.9999999403953552);

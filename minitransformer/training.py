@@ -412,8 +412,10 @@ def _check_layout(path: Path, meta: dict, layout: dict, shapes: dict,
     missing = sorted(shapes.keys() - stored - aliases.keys())
     unexpected = sorted(stored - (shapes.keys() - aliases.keys()))
     if missing or unexpected:
+        some = lambda names: f"{names[:5]}" + (f" and {len(names) - 5} more"
+                                               if len(names) > 5 else "")
         raise ValueError(f"{path}: its tensors do not match its config: missing "
-                         f"{missing}, unexpected {unexpected}")
+                         f"{some(missing)}, unexpected {some(unexpected)}")
     for name in sorted(stored):
         dtype, shape = layout[name]
         if shape != shapes[name][1]:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from .core import (
     broadcast_shape, check_dropout, check_flag, check_number, check_tensor, shape_str)
+from .core import door
 from .mixing import softmax
 from .qkv import check_qkv
 
@@ -40,27 +41,31 @@ def _check_mask(mask, shape: tuple) -> None:
 
 
 def _check_args(q, k, v, mask, dropout_p, scale, enable_gqa: bool = False,
-                is_causal: bool = False, fused: bool = False) -> tuple:
-    """Check an attention call; return the scale, the mask (made at least 2-D, with
-    the causal rule in it when asked) and whether the `fused` kernel's own causal
-    rule can replace the mask: no other mask and as many queries as keys."""
+                is_causal: bool = False) -> float | None:
+    "Raise unless the attention call is well formed; return `scale` as a float."
     if enable_gqa:  # K/V heads (dim -3) divide the query heads; compare one group
         _check_groups(q, k, v)
         check_qkv(q[..., : k.shape[-3], :, :], k, v)
     else:
         check_qkv(q, k, v)
     check_dropout(dropout_p, "dropout_p")
-    if scale is None:  # (width 0: every score is 0, any scale will do)
-        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
-    else:
-        scale = check_number(scale, "scale")
     if mask is not None:
         lead = (q.shape[:-2] if enable_gqa  # K/V's heads are q's, grouped
                 else broadcast_shape(q.shape[:-2], k.shape[:-2]))
         _check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
-        if mask.dim() < 2:  # (S,) or (): one row for every query
-            mask = mask.reshape((1,) * (2 - mask.dim()) + mask.shape)
-    if check_flag(is_causal, "is_causal"):
+    check_flag(is_causal, "is_causal")
+    return None if scale is None else check_number(scale, "scale")
+
+
+def _prepare(q, k, mask, scale, is_causal: bool, fused: bool = False) -> tuple:
+    """The scale (1/sqrt(D) if None), the mask (made at least 2-D, with the causal rule
+    in it when asked) and whether the `fused` kernel's own causal rule can replace the
+    mask: no other mask and as many queries as keys."""
+    if scale is None:  # (width 0: every score is 0, any scale will do)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+    if mask is not None and mask.dim() < 2:  # (S,) or (): one row for every query
+        mask = mask.reshape((1,) * (2 - mask.dim()) + mask.shape)
+    if is_causal:
         T, S = q.shape[-2], k.shape[-2]
         if fused and mask is None and T == S:  # PyTorch's rule (top-left) agrees
             return scale, None, True
@@ -90,19 +95,22 @@ def attention_with_weights(
     is_causal: bool = False,  # also: no query sees a later key (chapter 8)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv), weights (..., T, S)
     "Scaled dot-product attention step by step; returns the output and the weights."
-    scale, mask, _ = _check_args(q, k, v, mask, dropout_p, scale, is_causal=is_causal)
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        scale = _check_args(q, k, v, mask, dropout_p, scale, is_causal=is_causal)
+    scale, mask, _ = _prepare(q, k, mask, scale, is_causal)
+    empty = mask is not None and not door.no_empty_rows  # may a row see nothing?
     scores = q @ k.transpose(-2, -1) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
     if mask is not None:
         # blocked keys get no weight: -inf is *added*, as in PyTorch's kernels, so
         # both paths treat non-finite scores alike (the rule at the end of the chapter)
         scores = torch.where(mask, scores, scores - math.inf)
     weights = softmax(scores) if k.shape[-2] else scores  # no keys: (..., T, 0)
-    if mask is not None:  # (..., T, 1): queries that may see nothing: zeros, always
+    if empty:  # (..., T, 1): queries that may see nothing: zeros, always
         weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     if dropout_p > 0.0:
         weights = F.dropout(weights, dropout_p)
     out = weights @ v  # (..., T, S) @ (..., S, Dv) -> (..., T, Dv)
-    if mask is not None:  # even when a blocked value is NaN (0 · NaN = NaN)
+    if empty:  # even when a blocked value is NaN (0 · NaN = NaN)
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out, weights
 
@@ -124,8 +132,9 @@ def scaled_dot_product_attention(
     allowed key gives 0. `is_causal` without a mask, over as many queries as keys,
     builds no mask at all: the kernel skips the blocked half itself (on CUDA, the
     flash kernel)."""
-    scale, mask, causal = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa,
-                                      is_causal, fused=True)
+    if not door.checked:
+        scale = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
+    scale, mask, causal = _prepare(q, k, mask, scale, is_causal, fused=True)
     kw = {}
     if enable_gqa and k.shape[-3] != q.shape[-3]:  # grouped-query attention (ch. 5)
         if _SDPA_GQA:  # the kernel reads each K/V head for its group of query heads
@@ -135,6 +144,7 @@ def scaled_dot_product_attention(
             k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                          is_causal=causal, scale=scale, **kw)
-    if mask is not None:  # (..., T, 1): queries that may see nothing output zeros
+    if mask is not None and not door.no_empty_rows:  # (..., T, 1): queries that may
+        # see nothing output zeros (not where every row is known to see a key)
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out

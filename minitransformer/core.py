@@ -7,13 +7,14 @@ import math
 import numbers
 import random
 import sys
+import threading
 
 import torch
 
 # %% auto #0
-__all__ = ['default_device', 'tracing', 'seed_everything', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_int',
+__all__ = ['door', 'default_device', 'tracing', 'seed_everything', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_int',
            'check_positive_int', 'check_number', 'check_probability', 'check_dropout', 'check_choice', 'check_flag',
-           'check_bool_mask']
+           'check_bool_mask', 'inside']
 
 # %% ../nbs/00_core.ipynb #cb507d07
 def default_device() -> torch.device:
@@ -181,3 +182,24 @@ def check_bool_mask(mask, name: str = "mask") -> torch.Tensor:
                         f"{mask.dtype}; convert a 0/1 mask with .bool(), an additive "
                         "0/-inf mask with == 0")
     return mask
+
+# %% ../nbs/00_core.ipynb #3f7eef73
+class _Door(threading.local):
+    """What the public entry point of the current call has established, per thread.
+    `checked`: the arguments were checked, so the checks reached inside are skipped.
+    `no_empty_rows`: every attention mask in this call gives every query at least one
+    key (a generation step's), so attention need not zero empty rows."""
+    checked = False
+    no_empty_rows = False
+
+
+door = _Door()
+
+
+def inside(fn, *args, **kwargs):
+    "`fn(*args, **kwargs)` with `door.checked` raised: the package's own call."
+    door.checked = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        door.checked = False

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .core import (
-    check_dropout, check_positive_int, check_tensor, shape_str)
+    check_dropout, check_positive_int, check_tensor, door, shape_str)
 from .qkv import _autocast_on, _check_float_dtype
 
 # %% auto #0
@@ -20,7 +20,8 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 def activation(name: str, z: torch.Tensor) -> torch.Tensor:
     "Point-wise activation `name`: relu, gelu, gelu_tanh, or silu/swiglu (the gate)."
-    check_tensor(z, "z", floating=True)  # relu would pass integers, gelu would not
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        check_tensor(z, "z", floating=True)  # relu would pass integers, gelu not
     if name == "relu":
         return F.relu(z)
     if name == "gelu":
@@ -62,11 +63,14 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self.d_model, self.w1.weight.dtype)  # (..., C), weights' dtype
+        if not door.checked:
+            _check_input(x, self.d_model, self.w1.weight.dtype)  # (..., C), its dtype
         h = activation(self.activation, self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:
             h = h * self.w3(x)  # SwiGLU: gate ⊙ value
-        return self.w2(self.dropout(h))  # (..., T, C)
+        if self.training and self.dropout.p:  # (at p = 0 or in eval: nothing to do)
+            h = self.dropout(h)
+        return self.w2(h)  # (..., T, C)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, "

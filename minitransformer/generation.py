@@ -9,7 +9,7 @@ import torch
 
 from .core import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
-    check_tensor, shape_str)
+    check_tensor, door, inside, shape_str)
 from .model import GPT, Transformer
 
 # %% auto #0
@@ -36,18 +36,32 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
                 ) -> torch.Tensor:  # (B,) token ids
     """Each row's next token: the argmax if `temperature == 0`, else a filtered draw.
     Every row needs a finite largest score (NaN, +inf or all -inf raise)."""
-    temperature = _check_sampling(temperature, top_k, top_p, generator)
-    check_tensor(logits, "logits", floating=True)
-    if logits.dim() != 2 or logits.shape[-1] == 0:
-        raise ValueError(f"logits must be (B, V), V >= 1, got {shape_str(logits)}")
-    top = logits.amax(-1, keepdim=True)  # (B, 1)
-    if not torch.isfinite(top).all():  # one small transfer: NaN would sample garbage
-        raise ValueError("logits must have a finite largest score in every row, got "
-                         "NaN, +inf or a row of -inf")
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        temperature = _check_sampling(temperature, top_k, top_p, generator)
+        check_tensor(logits, "logits", floating=True)
+        if logits.dim() != 2 or logits.shape[-1] == 0:
+            raise ValueError(f"logits must be (B, V), V >= 1, got {shape_str(logits)}")
+    nxt = _sample(logits, temperature, top_k, top_p, generator)
+    if not door.checked and bool((nxt < 0).any()):  # one small transfer
+        raise ValueError(_NOT_FINITE)
+    return nxt  # (inside the package, the caller reads -1 with the tokens: generate)
+
+
+_NOT_FINITE = ("logits must have a finite largest score in every row, got NaN, +inf "
+               "or a row of -inf")
+
+
+def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor:
+    "The next tokens `(B,)` of `sample_next`, -1 in a row whose top score is not finite."
     if temperature == 0:
-        return logits.argmax(-1)
+        nxt = logits.argmax(-1)  # (NaN counts as the largest: it is caught below)
+        top = logits.gather(-1, nxt[:, None])  # (B, 1)
+        return torch.where(torch.isfinite(top[:, 0]), nxt, -1)
+    top = logits.amax(-1, keepdim=True)  # (B, 1)
+    finite = torch.isfinite(top)  # NaN would sample garbage; such a row gets -1
     # scores <= 0 cannot overflow; a float32 divisor must not round to 0 for tiny t
     logits = (logits.float() - top) / max(temperature, torch.finfo(torch.float32).tiny)
+    logits = torch.where(finite, logits, 0.0)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): k-th largest score
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -60,7 +74,8 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
         unsorted = torch.full_like(logits, float("-inf"))
         logits = unsorted.scatter(-1, order, sorted_logits)  # back in token order
     probs = logits.softmax(-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.where(finite[:, 0], nxt, -1)
 
 # %% ../nbs/12_generation.ipynb #3a1ec161
 def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
@@ -151,24 +166,45 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         cache = model.make_cache(memory, total, static)  # cross-attention filled once
     elif use_cache:
         cache = model.make_cache(B, total, static=static)
+    sampling = (float(temperature), top_k, top_p, generator)
+    padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
+    return inside(_generate, model, ids, real, positions, P, total, cache, backend,
+                  memory if encdec else None, source_mask if encdec else None, padded,
+                  sampling, stop_token)
+
+
+def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
+              memory, source_mask, padded: bool, sampling: tuple, stop_token):
+    "`generate`'s loop, on arguments it has checked: one host read per token."
+    encdec, static, B = memory is not None, backend is not None, len(ids)
     eager = model.decode if encdec else model.forward
     # compiled once for the one-token steps (the prompt runs eagerly)
     step = torch.compile(eager, backend=backend) if static else eager
+    real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
     done, out = [False] * B, [[] for _ in range(B)]
-    padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     for t in range(P, total):
-        lo = (t - 1 if t > P else 0) if use_cache else 0  # cached: the newest token
-        real_t = real if static else real[:, :t]  # static: (B, total) every step
-        kw = dict(attention_mask=real_t if padded else None,
-                  positions=positions[:, lo:t], cache=cache)
-        run = step if t > P else eager
-        if encdec:  # with a cache, the encoder output is already in it
-            mem = None if use_cache else memory
-            logits = run(ids[:, lo:t], mem, source_mask, **kw)
-        else:
-            logits = run(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
-        nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
-        for b, token in enumerate(nxt.tolist()):  # one transfer per step, not per row
+        one = cache is not None and t > P  # the newest token alone, after the cache
+        lo = t - 1 if one else 0
+        kw = dict(positions=positions[:, lo:t], cache=cache)
+        if one and not encdec and (padded or static):  # its row of the mask: a view
+            kw["full_attention_mask"] = real4 if static else real4[..., :t]
+        elif padded or (static and encdec):  # the prompt (or all again): built once
+            kw["attention_mask"] = real if static else real[:, :t]
+        door.no_empty_rows = one  # a new token sees itself; a padded prompt may not
+        try:
+            run = step if one else eager
+            if encdec:  # with a cache, the encoder output is already in it
+                mem = None if cache is not None else memory
+                logits = run(ids[:, lo:t], mem, source_mask, **kw)
+            else:
+                logits = run(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
+        finally:
+            door.no_empty_rows = False
+        nxt = _sample(logits[:, -1], *sampling)  # (B,), -1 where the logits are bad
+        tokens = nxt.tolist()  # the one transfer of the step
+        if min(tokens) < 0:
+            raise ValueError(_NOT_FINITE)
+        for b, token in enumerate(tokens):
             if not done[b]:
                 done[b] = token == stop_token
                 if not done[b]:

@@ -3,44 +3,48 @@
 # %% ../nbs/10_kv_cache.ipynb #3d2e3025
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .core import (
-    check_flag, check_int, check_positive_int, check_tensor, shape_str)
-from .layers import Decoder
+    check_flag, check_int, check_positive_int, check_tensor, door, shape_str)
+from .layers import Decoder, _check_room
 
 # %% auto #0
 __all__ = ['KVCache', 'DecoderCache']
 
 # %% ../nbs/10_kv_cache.ipynb #12dd146b
 class KVCache:
-    """Keys and values of one layer, in `(B, H, max_len, D)` buffers allocated once.
+    """Keys and values of one layer, in `(B, H_kv, max_len, D)` buffers allocated once.
 
-    `update(k, v)` writes the new `(B, H, T, D)` entries after the `len(cache)` stored
-    ones and returns all of them; the cache knows its own length and refuses to grow
-    past `max_len`. A `static` cache returns the whole buffers instead, so shapes stay
-    the same from token to token (for `torch.compile`); the caller then masks the
-    positions from `len(cache)` on."""
+    `update(k, v)` writes the new `(B, H_kv, T, D)` entries after the `len(cache)`
+    stored ones and returns all of them; the cache knows its own length and refuses to
+    grow past `max_len`. A `static` cache returns the whole buffers instead, so shapes
+    stay the same from token to token (for `torch.compile`); the caller then masks the
+    positions from `len(cache)` on. In a `DecoderCache`, the layers' caches share the
+    stack's one length, which the `Decoder` advances once per call."""
 
-    def __init__(self, batch_size: int, n_heads: int, max_len: int, head_dim: int,
+    def __init__(self, batch_size: int,
+                 n_kv_heads: int,  # H_kv, the key/value heads (n_kv_heads of a layer)
+                 max_len: int, head_dim: int,
                  device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32,
                  static: bool = False):  # update returns the whole buffers
-        for name, n in (("batch_size", batch_size), ("n_heads", n_heads),
+        for name, n in (("batch_size", batch_size), ("n_kv_heads", n_kv_heads),
                         ("max_len", max_len), ("head_dim", head_dim)):
             check_positive_int(n, name)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-        shape = (batch_size, n_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H, max_len, D)
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H_kv, max_len, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0  # how many positions hold real keys and values
+        self.length = 0  # how many positions hold real keys and values (alone)
+        self.stack = None  # the DecoderCache whose length this cache shares, if any
         self.static = check_flag(static, "static")
 
     def __len__(self) -> int:
-        return self.length
+        return self.length if self.stack is None else self.stack.length
 
     @property
     def max_len(self) -> int:
@@ -53,37 +57,47 @@ class KVCache:
 
     def update(self, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "Append `k`, `v` of shape `(B, H, T, D)`; return every stored key and value."
-        _check_entries(self.k, k, v)  # shapes, dtypes and devices fit the buffers
+        """Append `k`, `v` of shape `(B, H_kv, T, D)`; return every stored key and
+        value (in a `DecoderCache`: the stack's length advances after the call)."""
+        past = self.length if self.stack is None else self.stack.length
         T = k.shape[2]
-        if self.length + T > self.max_len:
-            raise ValueError(f"KV cache overflow: {self.length} positions cached + {T} "
-                             f"new > max_len {self.max_len}; allocate a longer cache")
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            _check_entries(self.k, k, v)  # shapes, dtypes and devices fit the buffers
+            _check_room(past, T, self.k.shape[2])
         # written in place: no torch.cat, no new memory
-        self.k[:, :, self.length : self.length + T] = k
-        self.v[:, :, self.length : self.length + T] = v
-        self.length += T
-        if self.static:  # (B, H, max_len, D): positions from len on must be masked
+        self.k[:, :, past : past + T] = k
+        self.v[:, :, past : past + T] = v
+        if self.stack is None:
+            self.length = past + T
+        if self.static:  # (B, H_kv, max_len, D): positions from len on must be masked
             return self.k, self.v
-        return self.keys_values()  # (B, H, len, D) each
+        return self.k[:, :, : past + T], self.v[:, :, : past + T]  # (B, H_kv, len, D)
 
     def truncate(self, length: int) -> None:
         "Forget every position from `length` on (the buffers are kept)."
+        self._alone("truncate")
         if check_int(length, "length", minimum=0) > self.length:
             raise ValueError(f"length must be in [0, {self.length}], got {length}")
         self.length = length
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
-        "The stored keys and values, views `(B, H, len, D)`."
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+        "The stored keys and values, views `(B, H_kv, len, D)`."
+        n = len(self)
+        return self.k[:, :, :n], self.v[:, :, :n]
 
     def reset(self) -> None:
         "Forget everything (the buffers are reused)."
+        self._alone("reset")
         self.length = 0
+
+    def _alone(self, what: str) -> None:
+        if self.stack is not None:
+            raise ValueError(f"this cache shares the length of a DecoderCache: {what} "
+                             "that instead")
 
     def __repr__(self) -> str:
         static = ", static" if self.static else ""
-        return (f"KVCache(length={self.length}, shape={shape_str(self.k)}, "
+        return (f"KVCache(length={len(self)}, shape={shape_str(self.k)}, "
                 f"dtype={self.k.dtype}, device={self.k.device}{static})")
 
 # %% ../nbs/10_kv_cache.ipynb #76b0c7b4
@@ -122,9 +136,11 @@ def _check_memory(memory, cache: KVCache, d_model: int) -> None:
 class DecoderCache:
     """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for
     an encoder–decoder, one cross-attention cache per layer holding the encoder output's
-    keys and values."""
+    keys and values. `length`, the tokens processed so far, is kept once here: the
+    self-attention caches share it."""
     self_attn: list[KVCache]
     cross_attn: list[KVCache] | None = None
+    length: int = field(init=False, default=0)
 
     def __post_init__(self):
         for name in ("self_attn", "cross_attn"):
@@ -146,10 +162,17 @@ class DecoderCache:
         if self.cross_attn is not None and len(self.cross_attn) != len(self.self_attn):
             raise ValueError(f"cross_attn has {len(self.cross_attn)} caches for "
                              f"{len(self.self_attn)} layers")
+        everyone = self.self_attn + (self.cross_attn or [])
+        if (any(c.stack is not None for c in everyone)
+                or len({id(c) for c in everyone}) != len(everyone)):
+            raise ValueError("each KVCache can serve one layer of one DecoderCache")
+        self.length = len(self.self_attn[0])
+        for c in self.self_attn:  # from now on, the stack's length is theirs
+            c.stack = self
 
     @classmethod
     def allocate(cls, n_layers: int, batch_size: int,
-                 n_heads: int,  # the K/V heads a cache stores (n_kv_heads)
+                 n_kv_heads: int,  # H_kv, the key/value heads a cache stores
                  max_len: int,
                  head_dim: int, source_len: int | None = None, device=None,
                  dtype: torch.dtype = torch.float32,
@@ -160,10 +183,10 @@ class DecoderCache:
         if source_len is not None:
             check_positive_int(source_len, "source_len")
         kw = dict(device=device, dtype=dtype)
-        self_attn = [KVCache(batch_size, n_heads, max_len, head_dim, **kw,
+        self_attn = [KVCache(batch_size, n_kv_heads, max_len, head_dim, **kw,
                              static=static) for _ in range(n_layers)]
         cross = None if source_len is None else [
-            KVCache(batch_size, n_heads, source_len, head_dim, **kw)
+            KVCache(batch_size, n_kv_heads, source_len, head_dim, **kw)
             for _ in range(n_layers)]
         return cls(self_attn, cross)
 
@@ -200,12 +223,7 @@ class DecoderCache:
 
     def __len__(self) -> int:
         "Tokens processed so far (every layer's self-attention cache holds as many)."
-        length = self.self_attn[0].length  # (no set: torch.compile reads it)
-        if any(c.length != length for c in self.self_attn):
-            raise RuntimeError(f"the layers' caches disagree on their length: "
-                               f"{sorted({len(c) for c in self.self_attn})}; reset() "
-                               "the cache")
-        return length
+        return self.length
 
     @property
     def static(self) -> bool:
@@ -221,5 +239,12 @@ class DecoderCache:
         return sum(c.nbytes for c in self.self_attn + (self.cross_attn or []))
 
     def reset(self) -> None:
-        for c in self.self_attn + (self.cross_attn or []):
+        self.length = 0
+        for c in self.cross_attn or []:
             c.reset()
+
+    def truncate(self, length: int) -> None:
+        "Forget every token from `length` on (the buffers are kept)."
+        if check_int(length, "length", minimum=0) > self.length:
+            raise ValueError(f"length must be in [0, {self.length}], got {length}")
+        self.length = length

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import check_mask
 from .core import (
     broadcast_shape, check_bool_mask, check_choice, check_dropout, check_flag,
-    check_number, check_positive_int, check_tensor, shape_str)
+    check_number, check_positive_int, check_tensor, door, inside, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, default_positions
 from .qkv import _autocast_on, _check_float_dtype
@@ -35,17 +36,45 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_width(x, "x", self.d_model)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            _check_width(x, "x", self.d_model)
         if _FUSED_RMS_NORM and x.is_cuda:  # torch's rms_norm (one fused kernel on
             # recent CUDA builds); on the CPU it runs the steps below, no faster
             return F.rms_norm(x.float(), (self.d_model,), self.weight.float(),
                               self.eps).to(x.dtype)
-        xf = x.float()  # the mean of squares in float32 also under bfloat16
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return _RMSNormFunction.apply(x, self.weight, self.eps)  # training
+        return _rms_norm(x, self.weight, self.eps)[0]
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
+    "RMSNorm's output, and the 1/rms `(..., 1)` that its backward reuses."
+    xf = x.float()  # the mean of squares in float32 also under bfloat16
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return ((xf * rstd) * weight.float()).to(x.dtype), rstd
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm with its gradient written out: x̂ = x·r, r = 1/rms(x), y = x̂ ⊙ w give
+    dx = r·(g⊙w − x̂·mean(g⊙w⊙x̂)) and dw = Σ g⊙x̂ over the tokens. Autograd would
+    instead record and run back every step of the forward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = _rms_norm(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, rstd = ctx.saved_tensors
+        x_hat, gw = x.float() * rstd, g.float() * weight.float()  # (..., C) each
+        dx = (gw - x_hat * (gw * x_hat).mean(-1, keepdim=True)) * rstd
+        dw = (g.float() * x_hat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype), None
 
 
 NORMS = ("layernorm", "rmsnorm")
@@ -140,8 +169,12 @@ class _Sublayers(nn.Module):
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         if self.cfg.norm_first:
-            return x + self.drop(sublayer(norm(x)))  # pre-norm
-        return norm(x + self.drop(sublayer(x)))  # post-norm
+            return x + self._drop(sublayer(norm(x)))  # pre-norm
+        return norm(x + self._drop(sublayer(x)))  # post-norm
+
+    def _drop(self, h: torch.Tensor) -> torch.Tensor:
+        "Dropout on a sublayer's output while training (at p = 0: nothing to do)."
+        return self.drop(h) if self.training and self.cfg.dropout else h
 
     def _attention(self, rotary: nn.Module | None = None) -> MultiHeadAttention:
         c = self.cfg
@@ -177,7 +210,8 @@ class EncoderLayer(_Sublayers):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions=None) -> torch.Tensor:
-        self._check_x(x)
+        if not door.checked:  # (chapter 0; attention checks the mask and positions)
+            self._check_x(x)
         x = self._residual(x, self.attn_norm,
                            lambda h: self.self_attn(h, mask=mask, positions=positions))
         return self._residual(x, self.ff_norm, self.ff)
@@ -228,6 +262,17 @@ class DecoderLayer(_Sublayers):
                 cross_cache=None,  # cross-attention's, filled once from memory
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 ) -> torch.Tensor:
+        if not door.checked:  # (chapter 0; attention checks `mask` and the caches)
+            self._check_memory_args(x, memory, memory_mask, cross_cache)
+        x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
+            h, mask=mask, positions=positions, cache=self_cache, is_causal=is_causal))
+        if self.cross_attn is not None:
+            context = memory if memory is not None else cross_cache
+            x = self._residual(x, self.cross_norm,
+                               lambda h: self.cross_attn(h, context, mask=memory_mask))
+        return self._residual(x, self.ff_norm, self.ff)
+
+    def _check_memory_args(self, x, memory, memory_mask, cross_cache) -> None:
         self._check_x(x)
         if self.cross_attn is None and (memory is not None or cross_cache is not None):
             raise ValueError("this DecoderLayer was built with cross_attention=False; "
@@ -240,25 +285,34 @@ class DecoderLayer(_Sublayers):
         if self.cross_attn is not None:
             _check_memory(cross_cache if memory is None else memory, memory_mask, x,
                           self.cross_attn.n_heads)
-        x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
-            h, mask=mask, positions=positions, cache=self_cache, is_causal=is_causal))
-        if self.cross_attn is not None:
-            context = memory if memory is not None else cross_cache
-            x = self._residual(x, self.cross_norm,
-                               lambda h: self.cross_attn(h, context, mask=memory_mask))
-        return self._residual(x, self.ff_norm, self.ff)
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
     "The rotary angles that every layer of a stack shares (None without rotary)."
     if rotary is None:
-        if positions is not None:
-            raise ValueError("positions were given, but this stack has no rotary "
-                             "embedding")
         return None
     if positions is None:
         positions = default_positions(past, x.shape[-2], x.device)
     return rotary.angles(positions)
+
+
+def _check_stack_args(stack: nn.Module, x, mask, positions,
+                      keys: int | None = None) -> None:
+    "Raise unless `x`, `mask` (to `(B, H, T, keys)`; keys = T) and `positions` fit."
+    first = stack.layers[0]
+    first._check_x(x)
+    B, T = x.shape[0], x.shape[-2]
+    check_mask(mask, (B, first.self_attn.n_heads, T, T if keys is None else keys))
+    if positions is None:
+        return
+    if stack.rotary is None:
+        raise ValueError("positions were given, but this stack has no rotary "
+                         "embedding")
+    check_tensor(positions, "positions")
+    if tuple(positions.shape) not in ((T,), (B, T)):
+        raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
+                         f"got shape {shape_str(positions)}")
+    stack.rotary.angles(positions)  # their dtype and range
 
 
 class Encoder(nn.Module):
@@ -275,17 +329,19 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
-        self.layers[0]._check_x(x)  # before the positions read its shape
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            _check_stack_args(self, x, mask, positions)
+            return inside(self.forward, x, mask, positions)
         angles = _stack_positions(self.rotary, positions, 0, x)
         for layer in self.layers:
             x = layer(x, mask, angles)
         return self.norm(x)
 
 # %% ../nbs/09_layers.ipynb #4b487aef
-def _check_cache_shape(caches: list, layer: nn.Module, x: torch.Tensor) -> None:
+def _check_cache_shape(caches: list, layer: nn.Module, B: int) -> None:
     "Raise unless every cache was allocated for this stack, batch and dtype."
     attn = layer.self_attn
-    want = (x.shape[0], attn.n_kv_heads, attn.head_dim, layer.ff_norm.weight.dtype)
+    want = (B, attn.n_kv_heads, attn.head_dim, layer.ff_norm.weight.dtype)
     for c in caches:
         if c is None:
             continue
@@ -294,6 +350,13 @@ def _check_cache_shape(caches: list, layer: nn.Module, x: torch.Tensor) -> None:
             raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
                              f"dtype) = {got}, but this call needs {want}: make it "
                              "with the model's make_cache")
+
+
+def _check_room(past: int, T: int, max_len: int) -> None:
+    "Raise unless T new positions fit after `past` cached ones in a cache of `max_len`."
+    if past + T > max_len:
+        raise ValueError(f"KV cache overflow: {past} positions cached + {T} new > "
+                         f"max_len {max_len}; allocate a longer cache")
 
 
 class Decoder(nn.Module):
@@ -316,34 +379,53 @@ class Decoder(nn.Module):
                 memory_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None,
                 is_causal: bool = False) -> torch.Tensor:
-        self.layers[0]._check_x(x)  # before the positions read its shape
-        if cache is not None and not isinstance(getattr(cache, "self_attn", 0), list):
-            raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
-                            f"{type(cache).__name__}")
-        past = 0 if cache is None else len(cache)
+        args = (x, memory, mask, memory_mask, positions, cache, is_causal)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            self._check(*args)
+            return inside(self.forward, *args)
+        past = 0 if cache is None else cache.length
         angles = _stack_positions(self.rotary, positions, past, x)
-        self_caches = [None] * len(self.layers) if cache is None else cache.self_attn
-        cross_caches = [None] * len(self.layers)
-        if cache is not None and cache.cross_attn is not None:
-            if memory is not None:
-                raise ValueError("the cache already holds the cross-attention keys and "
-                                 "values of the encoder output: pass memory=None")
-            if any(len(c) == 0 for c in cache.cross_attn):  # before any cache changes
-                raise ValueError("the cache's cross-attention part is empty: fill it "
-                                 "first with the encoder output's keys and values "
-                                 "(fill_cross_attention)")
-            cross_caches = cache.cross_attn
         n = len(self.layers)
-        if len(self_caches) != n or len(cross_caches) != n:
-            raise ValueError(f"the cache has {len(self_caches)} layers' caches for a "
-                             f"stack of {len(self.layers)} layers")
-        if cache is not None:
-            _check_cache_shape(self_caches + list(cross_caches), self.layers[0], x)
-        try:
-            for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
-                x = layer(x, memory, mask, memory_mask, angles, sc, cc, is_causal)
-        except Exception:  # an error leaves every layer's cache as it was before
-            for c in self_caches if cache is not None else []:
-                c.truncate(past)
-            raise
+        self_caches = [None] * n if cache is None else cache.self_attn
+        cross = cache is not None and cache.cross_attn is not None
+        cross_caches = cache.cross_attn if cross else [None] * n
+        for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
+            x = layer(x, memory, mask, memory_mask, angles, sc, cc, is_causal)
+        if cache is not None:  # written by every layer: the stack's length advances
+            cache.length = past + x.shape[-2]  # (an error before leaves it as it was)
         return self.norm(x)
+
+    def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):
+        "Raise unless the arguments of `forward` fit this stack and each other."
+        self.layers[0]._check_x(x)
+        keys = _check_decoder_cache(self, cache, x.shape[0], x.shape[-2], memory)
+        check_flag(is_causal, "is_causal")
+        _check_stack_args(self, x, mask, positions, keys)
+        cross = None if cache is None or cache.cross_attn is None else cache.cross_attn
+        self.layers[0]._check_memory_args(x, memory, memory_mask,
+                                          None if cross is None else cross[0])
+
+
+def _check_decoder_cache(stack: Decoder, cache, B: int, T: int, memory) -> int:
+    """Raise unless `cache` (None or a DecoderCache) fits `stack` for T new tokens of
+    B sequences; return how many key positions self-attention then reads."""
+    if cache is None:
+        return T
+    if not isinstance(getattr(cache, "self_attn", 0), list):
+        raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
+                        f"{type(cache).__name__}")
+    past, cross, n = len(cache), cache.cross_attn, len(stack.layers)
+    if cross is not None:
+        if memory is not None:
+            raise ValueError("the cache already holds the cross-attention keys and "
+                             "values of the encoder output: pass memory=None")
+        if any(len(c) == 0 for c in cross):
+            raise ValueError("the cache's cross-attention part is empty: fill it "
+                             "first with the encoder output's keys and values "
+                             "(fill_cross_attention)")
+    if len(cache.self_attn) != n or len(cross or [None] * n) != n:
+        raise ValueError(f"the cache has {len(cache.self_attn)} layers' caches for a "
+                         f"stack of {n} layers")
+    _check_cache_shape(cache.self_attn + list(cross or []), stack.layers[0], B)
+    _check_room(past, T, cache.max_len)
+    return cache.max_len if cache.static else past + T

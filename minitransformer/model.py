@@ -10,14 +10,15 @@ from torch import nn
 
 from .core import (
     check_bool_mask, check_choice, check_flag, check_int, check_number,
-    check_positive_int, check_tensor, shape_str)
+    check_positive_int, check_tensor, door, inside, shape_str)
 from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache
-from .layers import Decoder, Encoder, LayerConfig
+from .layers import Decoder, Encoder, LayerConfig, _check_decoder_cache
 from .masks import causal_mask
 from .multihead import default_positions
 from .positions import (
     LearnedPositions, RotaryEmbedding, SinusoidalPositions)
+from .positions import _check_positions as _check_position_range
 from .qkv import _autocast_on
 
 # %% auto #0
@@ -87,23 +88,24 @@ class _Embed(nn.Module):
             x = x + self.types(token_types)  # (B, T, C)
         if self.norm is not None:
             x = self.norm(x)
-        return self.drop(x)
+        return self.drop(x) if self.training and self.drop.p else x
 
 # %% ../nbs/11_model.ipynb #7f5bef0e
 def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int, int]:
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: in the embedding)."
-    check_tensor(ids, name)
-    if ids.dim() != 2 or 0 in ids.shape or ids.is_floating_point():
-        raise ValueError(f"{name} must be (B, T) integer token ids with B, T >= 1, got "
-                         f"{ids.dtype} of shape {shape_str(ids)}")
-    if past + ids.shape[1] > max_len:
-        raise ValueError(f"{past} earlier + {ids.shape[1]} new tokens exceed the "
-                         f"model's max_len {max_len}")
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        check_tensor(ids, name)
+        if ids.dim() != 2 or 0 in ids.shape or ids.is_floating_point():
+            raise ValueError(f"{name} must be (B, T) integer token ids with B, T >= 1, "
+                             f"got {ids.dtype} of shape {shape_str(ids)}")
+        if past + ids.shape[1] > max_len:
+            raise ValueError(f"{past} earlier + {ids.shape[1]} new tokens exceed the "
+                             f"model's max_len {max_len}")
     return ids.shape
 
 
-def _check_positions(positions, B: int, T: int) -> None:
-    "Raise unless `positions` is None or integer `(T,)` / `(B, T)`."
+def _check_positions(positions, B: int, T: int, max_len: int) -> None:
+    "Raise unless `positions` is None or integer `(T,)` / `(B, T)` in [0, max_len)."
     if positions is None:
         return
     check_tensor(positions, "positions")
@@ -111,6 +113,7 @@ def _check_positions(positions, B: int, T: int) -> None:
             or tuple(positions.shape) not in ((T,), (B, T))):
         raise ValueError(f"positions must be integer (T,) = ({T},) or (B, T) = ({B}, "
                          f"{T}), got {positions.dtype} of shape {shape_str(positions)}")
+    _check_position_range(positions, max_len)  # reads the values
 
 
 def _check_config(config, cls: type) -> None:
@@ -120,10 +123,11 @@ def _check_config(config, cls: type) -> None:
 
 def _real_tokens(mask: torch.Tensor, name: str, B: int, S: int) -> torch.Tensor:
     "A `(B, S)` boolean mask of real tokens (True = real), checked, as `(B, 1, 1, S)`."
-    check_bool_mask(mask, name)
-    if tuple(mask.shape) != (B, S):
-        raise ValueError(f"{name} must be (B, S) = ({B}, {S}), True = real token, "
-                         f"got shape {shape_str(mask)}")
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        check_bool_mask(mask, name)
+        if tuple(mask.shape) != (B, S):
+            raise ValueError(f"{name} must be (B, S) = ({B}, {S}), True = real token, "
+                             f"got shape {shape_str(mask)}")
     return mask[:, None, None, :]
 
 
@@ -137,10 +141,31 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     `keys` (a static cache's max_len, default past + T): the key positions attention
     reads; those from past + T on are still empty and masked (`attention_mask` may
     then also be `(B, keys)`)."""
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        B, T, past, keys = _check_decoder_masks(B, T, past, attention_mask,
+                                                full_attention_mask, keys)
+    S = past + T
+    keys = S if keys is None else keys
+    if full_attention_mask is not None:
+        return _empty_after(full_attention_mask, keys)
+    if T == 1 and attention_mask is None and keys == S:  # the newest token sees all
+        return None
+    # causal (T, keys): query i, at position past + i, sees keys 0 .. past + i
+    mask = _empty_after(causal_mask(T, S, device=device), keys)
+    if attention_mask is not None:  # (B, 1, T, keys)
+        whole = keys != S and tuple(attention_mask.shape) == (B, keys)
+        real = attention_mask[:, None, None, :]  # (B, 1, 1, S or keys)
+        mask = mask & (real if whole else _empty_after(real, keys))
+    return mask
+
+
+def _check_decoder_masks(B, T, past, attention_mask, full_attention_mask,
+                         keys) -> tuple:
+    "`decoder_mask`'s sizes as ints if they and its masks are well formed; else raise."
     B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
     past = check_int(past, "past", minimum=0)
     S = past + T
-    keys = S if keys is None else check_int(keys, "keys", minimum=S)
+    keys = None if keys is None else check_int(keys, "keys", minimum=S)
     if full_attention_mask is not None:
         if attention_mask is not None:
             raise ValueError("give attention_mask (real tokens) or "
@@ -152,17 +177,11 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
                 or (full_attention_mask.dim() == 4 and shape[0] not in (1, B))):
             raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
                              f"B={B}, T={T}, S={S}, got {tuple(shape)}")
-        return _empty_after(full_attention_mask, keys)
-    if T == 1 and attention_mask is None and keys == S:  # the newest token sees all
-        return None
-    # causal (T, keys): query i, at position past + i, sees keys 0 .. past + i
-    mask = _empty_after(causal_mask(T, S, device=device), keys)
-    if attention_mask is not None:  # (B, 1, T, keys)
-        whole = (keys != S and isinstance(attention_mask, torch.Tensor)
+    elif attention_mask is not None:
+        whole = (keys not in (None, S) and isinstance(attention_mask, torch.Tensor)
                  and tuple(attention_mask.shape) == (B, keys))
-        real = _real_tokens(attention_mask, "attention_mask", B, keys if whole else S)
-        mask = mask & (real if whole else _empty_after(real, keys))
-    return mask
+        _real_tokens(attention_mask, "attention_mask", B, keys if whole else S)
+    return B, T, past, keys
 
 
 def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
@@ -171,11 +190,8 @@ def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
     more new tokens builds no mask: attention applies the rule itself. A static cache
     is read whole, so its empty slots are masked (`decoder_mask(..., keys=max_len)`)."""
     keys = None
-    if getattr(cache, "static", False):
-        if past + T > cache.max_len:  # the message a growing cache gives
-            raise ValueError(f"KV cache overflow: {past} positions cached + {T} new "
-                             f"> max_len {cache.max_len}; allocate a longer cache")
-        keys = cache.max_len
+    if cache is not None and cache.static:  # (the room for T more: at the door)
+        keys = cache.self_attn[0].k.shape[2]
     if (T > 1 and attention_mask is None and full_attention_mask is None
             and keys is None):
         return None, True
@@ -235,9 +251,12 @@ class GPT(nn.Module):
                 full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
                 last_only: bool = False,  # logits of the last position only, (B, 1, V)
                 ) -> torch.Tensor:  # (B, T, V) logits
-        past = 0 if cache is None else len(cache)
-        B, T = _ids(ids, "ids", self.config.max_len, past)
-        _check_positions(positions, B, T)
+        args = (ids, attention_mask, positions, cache, full_attention_mask, last_only)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            self._check(*args)
+            return inside(self.forward, *args)
+        past = 0 if cache is None else cache.length
+        B, T = ids.shape
         if positions is None:
             positions = default_positions(past, T, ids.device)
         mask, causal = _self_attention_mask(B, T, past, cache, attention_mask,
@@ -246,7 +265,21 @@ class GPT(nn.Module):
         rotary = positions if self.decoder.rotary is not None else None
         h = self.decoder(x, mask=mask, positions=rotary, cache=cache,
                          is_causal=causal)  # (B, T, C)
-        return self.head(h[:, -1:] if check_flag(last_only, "last_only") else h)
+        return self.head(h[:, -1:] if last_only else h)
+
+    def _check(self, ids, attention_mask, positions, cache, full_attention_mask,
+               last_only) -> None:
+        "Raise unless `forward`'s arguments are well formed and fit each other."
+        c = self.config
+        B, T = _ids(ids, "ids", c.max_len)
+        _check_decoder_cache(self.decoder, cache, B, T, None)
+        past = 0 if cache is None else len(cache)
+        _ids(ids, "ids", c.max_len, past)  # past + T within max_len
+        check_token_ids(ids, c.vocab_size, "ids")  # reads the values
+        _check_positions(positions, B, T, c.max_len)
+        keys = None if cache is None or not cache.static else cache.max_len
+        _check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
+        check_flag(last_only, "last_only")
 
     def make_cache(self, batch_size: int, max_len: int | None = None,
                    static: bool = False) -> DecoderCache:
@@ -317,6 +350,12 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None):
         "Encoder output `(B, S, C)` and real-token mask `(B, S)` (default: not pad)."
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            B, S = _ids(src, "src", self.config.max_len)
+            check_token_ids(src, self.config.src_vocab_size, "src")
+            if attention_mask is not None:
+                _real_tokens(attention_mask, "attention_mask", B, S)
+            return inside(self.encode, src, attention_mask)
         B, S = _ids(src, "src", self.config.max_len)
         if attention_mask is None:
             attention_mask = src != self.config.pad_id
@@ -332,10 +371,12 @@ class Transformer(nn.Module):
                positions: torch.Tensor | None = None,  # default: after the cache
                cache: DecoderCache | None = None,  # from make_cache(memory)
                ) -> torch.Tensor:  # (B, T, V_tgt)
-        past = 0 if cache is None else len(cache)
-        B, T = _ids(tgt, "tgt", self.config.max_len, past)
-        _check_positions(positions, B, T)
-        _check_memory(memory, B, self.config.d_model)
+        args = (tgt, memory, source_mask, attention_mask, positions, cache)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            self._check_decode(*args)
+            return inside(self.decode, *args)
+        past = 0 if cache is None else cache.length
+        B, T = tgt.shape
         if positions is None:
             positions = default_positions(past, T, tgt.device)
         mask, causal = _self_attention_mask(B, T, past, cache, attention_mask,
@@ -347,6 +388,28 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tgt, positions, "tgt")  # (B, T, C)
         return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache,
                                       is_causal=causal))
+
+    def _check_decode(self, tgt, memory, source_mask, attention_mask, positions,
+                      cache) -> None:
+        "Raise unless `decode`'s arguments are well formed and fit each other."
+        c = self.config
+        B, T = _ids(tgt, "tgt", c.max_len)
+        _check_decoder_cache(self.decoder, cache, B, T, memory)
+        past = 0 if cache is None else len(cache)
+        _ids(tgt, "tgt", c.max_len, past)  # past + T within max_len
+        check_token_ids(tgt, c.tgt_vocab_size, "tgt")  # reads the values
+        _check_positions(positions, B, T, c.max_len)
+        _check_memory(memory, B, c.d_model)
+        if memory is not None:
+            self.decoder.layers[0]._check_x(memory, "memory")  # its dtype
+        elif cache is None:
+            raise ValueError("decode needs the encoder output `memory`, or a cache "
+                             "filled from it (make_cache(memory))")
+        keys = None if cache is None or not cache.static else cache.max_len
+        _check_decoder_masks(B, T, past, attention_mask, None, keys)
+        if source_mask is not None:
+            _real_tokens(source_mask, "source_mask", B,
+                         _source_len(memory, cache, source_mask))
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         "Teacher forcing: logits for every target position, given source and prefix."
@@ -406,15 +469,21 @@ class EncoderClassifier(nn.Module):
 
     def forward(self, ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        B, T = _ids(ids, "ids", self.config.max_len)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            B, T = _ids(ids, "ids", self.config.max_len)
+            check_token_ids(ids, self.config.vocab_size, "ids")
+            if attention_mask is not None:
+                _real_tokens(attention_mask, "attention_mask", B, T)
+            return inside(self.forward, ids, attention_mask)
+        B, T = ids.shape
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
-        _real_tokens(keep, "attention_mask", B, T)
         x = self.embed.tok(ids, "ids")  # (B, T, C)
         if self.cls is not None:  # a learned [CLS] vector in front: (B, 1 + T, C)
             x = torch.cat([self.cls.expand(B, -1, -1), x], 1)
             keep = torch.cat([keep.new_ones(B, 1), keep], 1)
         positions = default_positions(0, x.shape[1], ids.device)
-        x = self.embed.drop(x + self.embed.pos(positions).to(x.dtype))
+        x = x + self.embed.pos(positions).to(x.dtype)
+        x = self.embed.drop(x) if self.training and self.embed.drop.p else x
         x = self.encoder(x, mask=keep[:, None, None, :])  # padding only, no causal mask
         if self.cls is not None:
             return self.head(x[:, 0])
@@ -463,6 +532,16 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(c.d_model, c.n_classes)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            self._check(images)
+            return inside(self.forward, images)
+        x = self.patchify(images)  # (B, C, h, w): one C-vector per patch
+        x = x.flatten(2).transpose(1, 2)  # (B, N, C), N = h·w patches
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + N, C)
+        x = x + self.pos(default_positions(0, x.shape[1], x.device))
+        return self.head(self.encoder(x)[:, 0])  # no mask: every patch sees every patch
+
+    def _check(self, images) -> None:
         c = self.config
         check_tensor(images, "images", floating=True)
         size = (c.channels, c.image_size, c.image_size)
@@ -472,11 +551,6 @@ class VisionTransformer(nn.Module):
         if images.dtype != self.cls.dtype and not _autocast_on(images.device.type):
             raise TypeError(f"images have dtype {images.dtype}, but the weights are "
                             f"{self.cls.dtype}: convert one with .to()")
-        x = self.patchify(images)  # (B, C, h, w): one C-vector per patch
-        x = x.flatten(2).transpose(1, 2)  # (B, N, C), N = h·w patches
-        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + N, C)
-        x = x + self.pos(default_positions(0, x.shape[1], x.device))
-        return self.head(self.encoder(x)[:, 0])  # no mask: every patch sees every patch
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -526,7 +600,15 @@ class TextEncoder(nn.Module):
                 attention_mask: torch.Tensor | None = None,  # (B, T), True = real
                 token_type_ids: torch.Tensor | None = None,  # (B, T); default all 0
                 ) -> torch.Tensor:  # (B, T, C)
-        B, T = _ids(ids, "ids", self.config.max_len)
+        args = (ids, attention_mask, token_type_ids)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            B, T = _ids(ids, "ids", self.config.max_len)
+            check_token_ids(ids, self.config.vocab_size, "ids")
+            if attention_mask is not None:
+                _real_tokens(attention_mask, "attention_mask", B, T)
+            _token_types(token_type_ids, ids, self.config.type_vocab_size)
+            return inside(self.forward, *args)
+        B, T = ids.shape
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         mask = _real_tokens(keep, "attention_mask", B, T)  # (B, 1, 1, T)
         types = _token_types(token_type_ids, ids, self.config.type_vocab_size)
@@ -538,6 +620,8 @@ def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
     "The checked token types `(B, T)`, zeros if None (and None without types)."
     if token_type_ids is None:
         return torch.zeros_like(ids) if n_types else None
+    if door.checked:  # (chapter 0: checked once, at the door)
+        return token_type_ids
     if not n_types:
         raise ValueError("token_type_ids were given, but the config has "
                          "type_vocab_size=0")

@@ -9,7 +9,7 @@ from torch import nn
 from .attention import (
     attention_with_weights, scaled_dot_product_attention)
 from .core import (
-    check_dropout, check_int, check_positive_int, check_tensor, shape_str)
+    check_dropout, check_int, check_positive_int, check_tensor, door, shape_str)
 from .qkv import QKVProjection
 
 # %% auto #0
@@ -20,7 +20,8 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices.
 
     A view of `x`; B may be several dimensions or none, and B or T may be 0."""
-    _check_split(x, n_heads)  # x a tensor (..., T, C); n_heads an int that divides C
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        _check_split(x, n_heads)  # x a tensor (..., T, C); n_heads an int dividing C
     *lead, T, C = x.shape
     x = x.view(*lead, T, n_heads, C // n_heads)  # (B, T, H, D)
     return x.transpose(-3, -2)  # (B, H, T, D)
@@ -28,7 +29,8 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     "`(B, H, T, D)` → `(B, T, H·D)`: the heads side by side (concatenated, not summed)."
-    _check_merge(x)  # x a tensor (..., H, T, D)
+    if not door.checked:
+        _check_merge(x)  # x a tensor (..., H, T, D)
     *lead, H, T, D = x.shape
     return x.transpose(-3, -2).reshape(*lead, T, H * D)  # (B, T, H, D) -> (B, T, H·D)
 
@@ -53,8 +55,9 @@ def _check_merge(x) -> None:
 # %% ../nbs/05_multihead.ipynb #fd9462d7
 def default_positions(past: int, T: int, device=None) -> torch.Tensor:
     "Positions `past, ..., past+T-1` (int64) of T new tokens after `past` earlier ones."
-    check_int(past, "past", minimum=0)
-    check_int(T, "T", minimum=0)  # T = 0: no new tokens, an empty tensor
+    if not door.checked:
+        check_int(past, "past", minimum=0)
+        check_int(T, "T", minimum=0)  # T = 0: no new tokens, an empty tensor
     return torch.arange(past, past + T, device=device)
 
 # %% ../nbs/05_multihead.ipynb #2d636ecd
@@ -89,12 +92,13 @@ class HeadProjection(nn.Module):
                                  device=device, dtype=dtype)
 
     def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
-        H = self.n_heads
-        _check_project_args(x, context, positions, cache, self.rotary)
+        H, H_kv = self.n_heads, self.n_kv_heads
+        if not door.checked:
+            _check_project_args(x, context, positions, cache, self.rotary)
         if context is not None and not isinstance(context, torch.Tensor):  # a cache
             return (split_heads(self.qkv.queries(x), H), *context.keys_values())
         q, k, v = self.qkv(x, context)
-        q, k, v = split_heads(q, H), *self._kv_heads(k, v)  # (B, H or H_kv, T or S, D)
+        q, k, v = split_heads(q, H), split_heads(k, H_kv), split_heads(v, H_kv)
         if self.rotary is not None:
             if positions is None:
                 past = 0 if cache is None else len(cache)
@@ -127,8 +131,10 @@ def _check_kv_heads(n_heads: int, n_kv_heads: int | None) -> int:
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     "`(B, H_kv, S, D)` → `(B, H_kv·groups, S, D)`: each K/V head serves `groups` heads."
-    check_tensor(x, "x", min_dim=3)
-    if check_positive_int(groups, "groups") == 1:
+    if not door.checked:
+        check_tensor(x, "x", min_dim=3)
+        groups = check_positive_int(groups, "groups")
+    if groups == 1:
         return x
     *lead, H, S, D = x.shape
     return x.unsqueeze(-3).expand(*lead, H, groups, S, D).reshape(*lead, H * groups,

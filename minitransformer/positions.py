@@ -8,6 +8,7 @@ from torch import nn
 
 from .core import (
     check_flag, check_number, check_positive_int, check_tensor, shape_str, tracing)
+from .core import door
 from .qkv import _check_float_dtype
 
 # %% auto #0
@@ -72,7 +73,8 @@ class SinusoidalPositions(nn.Module):
         self.d_model, self.max_len, self.base = d_model, max_len, base
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        _check_positions(positions, self.max_len)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            _check_positions(positions, self.max_len)
         return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
 
 # %% ../nbs/07_positions.ipynb #e0779377
@@ -92,7 +94,8 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(table)  # (max_len, C)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        _check_positions(positions, self.max_len)
+        if not door.checked:
+            _check_positions(positions, self.max_len)
         return self.weight[positions]
 
 # %% ../nbs/07_positions.ipynb #71c7a3b9
@@ -117,37 +120,41 @@ class RotaryEmbedding(nn.Module):
         self.base, self.interleaved = base, interleaved
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "cos and sin of the angles for `positions`: `(T, D/2)` or `(B, T, D/2)`."
-        _check_positions(positions, self.max_len)  # reads values: once per model call
-        if positions.dim() not in (1, 2):
-            raise ValueError(f"positions must be (T,) or (B, T), got shape "
-                             f"{shape_str(positions)}")
+        """The tables `rotate` multiplies by, `(T, D)` or `(B, T, D)`: cos m·θ_i under
+        both numbers of pair i, and sin m·θ_i with the first one's sign flipped."""
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            _check_positions(positions, self.max_len)  # reads the values
+            if positions.dim() not in (1, 2):
+                raise ValueError(f"positions must be (T,) or (B, T), got shape "
+                                 f"{shape_str(positions)}")
         dtype = _angle_dtype(positions.device)
         i2 = torch.arange(0, self.head_dim, 2, dtype=dtype, device=positions.device)
         theta = self.base ** (-i2 / self.head_dim)  # (D/2,): 2i = 0, 2, ..., D-2
         angles = positions.to(dtype)[..., None] * theta  # (T, D/2) or (B, T, D/2)
-        return angles.cos().float(), angles.sin().float()
+        cos, sin = angles.cos().float(), angles.sin().float()
+        pair = -1 if self.interleaved else -2  # neighbours, or the two halves
+        # made once per model call and shared by the queries and keys of every layer
+        cos = torch.stack([cos, cos], pair).flatten(-2)  # (..., T, D)
+        return cos, torch.stack([-sin, sin], pair).flatten(-2)
 
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         "`x` `(..., T, D)` rotated by `angles` from `self.angles(positions)`."
-        cos, sin = _check_rotate(x, angles, self.head_dim)  # they fit; else raise
-        if cos.dim() == 3 and x.dim() == 4:  # (B, T, D/2) -> (B, 1, T, D/2): all heads
+        if not door.checked:
+            _check_rotate(x, angles, self.head_dim)  # they fit; else raise
+        cos, sin = angles  # each (T, D) or (B, T, D)
+        if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
         # (no copy into a contiguous layout: the output keeps x's, and so does the
         # gradient that attention sends back through it)
         xf = x.float()  # float32 arithmetic also for bfloat16 (a no-op for float32)
-        if self.interleaved:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]  # neighbours
-            out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-            out = out.flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
-        else:  # rotate_half: x·[cos, cos] + [x2, x1]·[-sin, sin]
-            x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
-            # the tables are B·H times smaller than x: widening them costs little
-            out = (xf * torch.cat([cos, cos], -1)
-                   + torch.cat([x2, x1], -1) * torch.cat([-sin, sin], -1))
-        return out.to(x.dtype)  # same shape and dtype as x
+        if self.interleaved:  # x·cos + (x1, x0, x3, x2, ...)·sin
+            swapped = torch.stack([xf[..., 1::2], xf[..., 0::2]], -1).flatten(-2)
+        else:  # rotate_half: x·cos + (second half, first half)·sin
+            x1, x2 = xf.chunk(2, dim=-1)
+            swapped = torch.cat([x2, x1], -1)
+        return (xf * cos + swapped * sin).to(x.dtype)  # same shape and dtype as x
 
     def forward(self,
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
@@ -173,9 +180,9 @@ def _check_rotate(x, angles, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]
                         f"returns, got {type(angles).__name__}")
     cos, sin = angles
     if (cos.shape != sin.shape or cos.dim() not in (2, 3)
-            or cos.shape[-1] * 2 != head_dim):
-        raise ValueError(f"angles must be (cos, sin), each (T, {head_dim // 2}) or "
-                         f"(B, T, {head_dim // 2}), got {shape_str(cos)} and "
+            or cos.shape[-1] != head_dim):
+        raise ValueError(f"angles must be (cos, sin), each (T, {head_dim}) or "
+                         f"(B, T, {head_dim}), got {shape_str(cos)} and "
                          f"{shape_str(sin)}")
     if cos.shape[-2] != x.shape[-2]:
         raise ValueError(f"{cos.shape[-2]} positions for the {x.shape[-2]} vectors "

@@ -54,10 +54,12 @@ def _check_positions(positions: torch.Tensor, max_len: int) -> None:
                         f"got dtype {positions.dtype}")
     if tracing():  # under torch.compile the values are not read (core's `tracing`)
         return
-    if positions.numel() and (positions.min() < 0 or positions.max() >= max_len):
+    if not positions.numel():
+        return
+    low, high = torch.stack(torch.aminmax(positions)).tolist()  # one transfer
+    if low < 0 or high >= max_len:
         raise ValueError(f"positions must lie in [0, {max_len}) (max_len={max_len}), "
-                         f"got values from {int(positions.min())} to "
-                         f"{int(positions.max())}; "
+                         f"got values from {low} to {high}; "
                          "build the module with a larger max_len")
 
 

@@ -73,6 +73,8 @@ EXEMPT = {
     "training.model_from_state": "builds a model from a state its loader has checked; its "
                                  "own tests (tests/test_hostile_files.py)",
     "core.tracing": "takes no arguments: whether torch.compile is tracing",
+    "core.door": "the per-thread flags of checks at the door (tests/test_door.py)",
+    "core.inside": "calls any function with the door's flag raised (tests/test_door.py)",
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
            "fill", "check_rules", "load_folder", "load_gguf", "load_pretrained", "read_gguf",
@@ -1843,10 +1845,10 @@ def _(data):
 @case("kv_cache.KVCache", examples=40)
 def _(data):
     kvc = _mod("kv_cache")
-    p = Probe(data, ["batch_size", "n_heads", "max_len", "head_dim", "dtype", "k", "v",
-                     "length"])
+    p = Probe(data, ["batch_size", "n_kv_heads", "max_len", "head_dim", "dtype", "k",
+                     "v", "length"])
     B = p.value("batch_size", st.integers(1, 3), POS_INT_BAD)
-    H = p.value("n_heads", st.integers(1, 3), POS_INT_BAD)
+    H = p.value("n_kv_heads", st.integers(1, 3), POS_INT_BAD)
     L = p.value("max_len", st.integers(1, 6), POS_INT_BAD)
     D = p.value("head_dim", st.integers(1, 4), POS_INT_BAD)
     # the signature says `dtype: torch.dtype = torch.float32`; None (torch's "default

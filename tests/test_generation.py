@@ -98,7 +98,7 @@ def test_sampling_is_reproducible_and_stops():
 
 @pytest.mark.parametrize("dtype,bytes_per", [(torch.float32, 4), (torch.bfloat16, 2)])
 def test_cache_memory_formula(dtype, bytes_per):
-    c = DecoderCache.allocate(n_layers=3, batch_size=5, n_heads=7, max_len=11, head_dim=9, source_len=13,
+    c = DecoderCache.allocate(n_layers=3, batch_size=5, n_kv_heads=7, max_len=11, head_dim=9, source_len=13,
                               device=DEVICE, dtype=dtype)
     assert c.nbytes == 2 * 3 * 5 * 7 * (11 + 13) * 9 * bytes_per
     model = gpt(0).to(dtype)
@@ -167,19 +167,6 @@ def test_cross_attention_cache_is_explicit():
     with pytest.raises(ValueError, match="cross-attention part is empty"):
         model.decode(tgt, None, source_mask, cache=cache)
     assert len(cache) == 0
-
-
-@pytest.mark.parametrize("encoding", ["learned", "rotary"])
-def test_positions_are_checked_once_per_model_call(monkeypatch, encoding):
-    "Reading position values (a host-device sync on CUDA) happens once per call, not once per layer."
-    import minitransformer.positions as positions
-    calls = []
-    check = positions._check_positions
-    monkeypatch.setattr(positions, "_check_positions", lambda *a: calls.append(1) or check(*a))
-    model = gpt(30, position_encoding=encoding)  # 3 layers
-    with torch.no_grad():
-        model(torch.randint(4, 37, (2, 9), device=DEVICE))
-    assert len(calls) == 1, f"{len(calls)} checks of the position values in one call"
 
 
 def test_a_failed_call_leaves_the_cache_as_it_was():

@@ -44,17 +44,18 @@ class RMSNorm(nn.Module):
                               self.eps).to(x.dtype)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return _RMSNormFunction.apply(x, self.weight, self.eps)  # training
-        return _rms_norm(x, self.weight, self.eps)[0]
+        return _rms_norm(x, self.weight, self.eps)[0]  # (no x̂ kept: inference)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
-    "RMSNorm's output, and the 1/rms `(..., 1)` that its backward reuses."
+    "RMSNorm's output, x̂ = x / rms(x) and r = 1 / rms(x) `(..., 1)` (in float32)."
     xf = x.float()  # the mean of squares in float32 also under bfloat16
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return ((xf * rstd) * weight.float()).to(x.dtype), rstd
+    x_hat = xf * rstd
+    return (x_hat * weight.float()).to(x.dtype), x_hat, rstd
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -64,17 +65,21 @@ class _RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        y, rstd = _rms_norm(x, weight, eps)
-        ctx.save_for_backward(x, weight, rstd)
+        y, x_hat, rstd = _rms_norm(x, weight, eps)
+        ctx.save_for_backward(x_hat, weight, rstd)
+        ctx.dtype = x.dtype
         return y
 
     @staticmethod
     def backward(ctx, g):
-        x, weight, rstd = ctx.saved_tensors
-        x_hat, gw = x.float() * rstd, g.float() * weight.float()  # (..., C) each
-        dx = (gw - x_hat * (gw * x_hat).mean(-1, keepdim=True)) * rstd
-        dw = (g.float() * x_hat).reshape(-1, x.shape[-1]).sum(0)
-        return dx.to(x.dtype), dw.to(weight.dtype), None
+        x_hat, weight, rstd = ctx.saved_tensors
+        g, w, C = g.float(), weight.float(), x_hat.shape[-1]
+        gx = g * x_hat  # (..., C)
+        dw = gx.reshape(-1, C).sum(0)
+        # a = r·mean(g⊙w⊙x̂), one number per token: a matrix-vector product
+        a = (gx @ w).unsqueeze_(-1).mul_(rstd / C)
+        dx = (g * w).mul_(rstd).addcmul_(x_hat, a, value=-1)  # r·g⊙w − x̂·a
+        return dx.to(ctx.dtype), dw.to(weight.dtype), None
 
 
 NORMS = ("layernorm", "rmsnorm")

@@ -145,6 +145,10 @@ class RotaryEmbedding(nn.Module):
         if not door.checked:
             _check_rotate(x, angles, self.head_dim)  # they fit; else raise
         cos, sin = angles  # each (T, D) or (B, T, D)
+        if (cos.dim() == 2 and x.requires_grad and torch.is_grad_enabled()
+                and x.dtype == torch.float32 and x.device.type == "cpu"
+                and self.head_dim <= 64):  # training (see _rotate_by_matrices)
+            return _rotate_by_matrices(x, self._matrices(cos, sin))
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
@@ -158,6 +162,18 @@ class RotaryEmbedding(nn.Module):
             swapped = torch.cat([x2, x1], -1)
         return (xf * cos + swapped * sin).to(x.dtype)  # same shape and dtype as x
 
+    def _matrices(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        "The rotations R_t `(T, D, D)` of these tables, made once per model call."
+        last = getattr(self, "_last", None)
+        if last is None or last[0] is not cos:  # new tables: a new model call
+            D = self.head_dim
+            swap = (torch.arange(D, device=cos.device).view(-1, 2).flip(-1).flatten()
+                    if self.interleaved  # 1, 0, 3, 2, ...: the pair's other number
+                    else torch.arange(D, device=cos.device).roll(D // 2))
+            R = torch.diag_embed(cos) + torch.diag_embed(sin)[:, swap]  # rows swapped
+            self._last = last = (cos, R)
+        return last[1]
+
     def forward(self,
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
                 positions: torch.Tensor,  # (T,) or (B, T): the position of each vector
@@ -167,6 +183,17 @@ class RotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, "
                 f"interleaved={self.interleaved}")
+
+def _rotate_by_matrices(x: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """`rotate` as one batched matrix product: the vectors at position t, as rows,
+    times the (D, D) rotation R_t, for every t at once. Forward and backward are then
+    one product each instead of four passes over x each: faster in training on the CPU
+    while D is small (the product costs 2·D operations per number, the passes 4), and
+    rounded like the passes to about one unit in the last place."""
+    T, D = x.shape[-2], x.shape[-1]
+    rows = x.movedim(-2, 0).reshape(T, -1, D)  # (T, ·, D): every vector at position t
+    return torch.bmm(rows, R).view(T, *x.shape[:-2], D).movedim(0, -2)
+
 
 # %% ../nbs/07_positions.ipynb #d7e4e065
 def _check_rotate(x, angles, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -198,8 +198,8 @@ door = _Door()
 
 def inside(fn, *args, **kwargs):
     "`fn(*args, **kwargs)` with `door.checked` raised: the package's own call."
-    door.checked = True
+    before, door.checked = door.checked, True
     try:
         return fn(*args, **kwargs)
     finally:
-        door.checked = False
+        door.checked = before

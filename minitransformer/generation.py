@@ -168,13 +168,16 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         cache = model.make_cache(B, total, static=static)
     sampling = (float(temperature), top_k, top_p, generator)
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
+    # a new token sees itself; in cross-attention, a source of padding alone sees none
+    sees = not encdec or bool(source_mask.any(-1).all())  # (once per call)
     return inside(_generate, model, ids, real, positions, P, total, cache, backend,
                   memory if encdec else None, source_mask if encdec else None, padded,
-                  sampling, stop_token)
+                  sampling, stop_token, sees)
 
 
 def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
-              memory, source_mask, padded: bool, sampling: tuple, stop_token):
+              memory, source_mask, padded: bool, sampling: tuple, stop_token,
+              sees: bool):
     "`generate`'s loop, on arguments it has checked: one host read per token."
     encdec, static, B = memory is not None, backend is not None, len(ids)
     eager = model.decode if encdec else model.forward
@@ -190,7 +193,7 @@ def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
             kw["full_attention_mask"] = real4 if static else real4[..., :t]
         elif padded or (static and encdec):  # the prompt (or all again): built once
             kw["attention_mask"] = real if static else real[:, :t]
-        door.no_empty_rows = one  # a new token sees itself; a padded prompt may not
+        door.no_empty_rows = one and sees  # (a padded prompt may have empty rows)
         try:
             run = step if one else eager
             if encdec:  # with a cache, the encoder output is already in it

@@ -62,6 +62,9 @@ class KVCache:
         past = self.length if self.stack is None else self.stack.length
         T = k.shape[2]
         if not door.checked:  # (chapter 0: checked once, at the door)
+            if self.stack is not None:  # its length moves with the stack's
+                raise ValueError("this cache is one layer's part of a DecoderCache: "
+                                 "pass the DecoderCache to the Decoder or the model")
             _check_entries(self.k, k, v)  # shapes, dtypes and devices fit the buffers
             _check_room(past, T, self.k.shape[2])
         # written in place: no torch.cat, no new memory

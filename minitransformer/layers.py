@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from .attention import check_mask
 from .core import (
@@ -42,7 +43,8 @@ class RMSNorm(nn.Module):
             # recent CUDA builds); on the CPU it runs the steps below, no faster
             return F.rms_norm(x.float(), (self.d_model,), self.weight.float(),
                               self.eps).to(x.dtype)
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        if (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+                and not _functorch_active()):  # (torch.func differentiates the steps)
             return _RMSNormFunction.apply(x, self.weight, self.eps)  # training
         return _rms_norm(x, self.weight, self.eps)[0]  # (no x̂ kept: inference)
 
@@ -71,6 +73,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # (a second derivative raises instead of coming out wrong)
     def backward(ctx, g):
         x_hat, weight, rstd = ctx.saved_tensors
         g, w, C = g.float(), weight.float(), x_hat.shape[-1]
@@ -81,6 +84,9 @@ class _RMSNormFunction(torch.autograd.Function):
         dx = (g * w).mul_(rstd).addcmul_(x_hat, a, value=-1)  # r·g⊙w − x̂·a
         return dx.to(ctx.dtype), dw.to(weight.dtype), None
 
+
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
+                            lambda: False)  # inside torch.func.grad, vmap, ...
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -336,7 +342,7 @@ class Encoder(nn.Module):
                 positions: torch.Tensor | None = None) -> torch.Tensor:
         if not door.checked:  # (chapter 0: checked once, at the door)
             _check_stack_args(self, x, mask, positions)
-            return inside(self.forward, x, mask, positions)
+            return inside(Encoder.forward, self, x, mask, positions)
         angles = _stack_positions(self.rotary, positions, 0, x)
         for layer in self.layers:
             x = layer(x, mask, angles)
@@ -344,17 +350,17 @@ class Encoder(nn.Module):
 
 # %% ../nbs/09_layers.ipynb #4b487aef
 def _check_cache_shape(caches: list, layer: nn.Module, B: int) -> None:
-    "Raise unless every cache was allocated for this stack, batch and dtype."
-    attn = layer.self_attn
-    want = (B, attn.n_kv_heads, attn.head_dim, layer.ff_norm.weight.dtype)
+    "Raise unless every cache was allocated for this stack, batch, dtype and device."
+    attn, w = layer.self_attn, layer.ff_norm.weight
+    want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
     for c in caches:
         if c is None:
             continue
-        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype)
+        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
         if got != want:
             raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
-                             f"dtype) = {got}, but this call needs {want}: make it "
-                             "with the model's make_cache")
+                             f"dtype, device) = {got}, but this call needs {want}: "
+                             "make it with the model's make_cache")
 
 
 def _check_room(past: int, T: int, max_len: int) -> None:
@@ -387,7 +393,7 @@ class Decoder(nn.Module):
         args = (x, memory, mask, memory_mask, positions, cache, is_causal)
         if not door.checked:  # (chapter 0: checked once, at the door)
             self._check(*args)
-            return inside(self.forward, *args)
+            return inside(Decoder.forward, self, *args)
         past = 0 if cache is None else cache.length
         angles = _stack_positions(self.rotary, positions, past, x)
         n = len(self.layers)
@@ -420,6 +426,13 @@ def _check_decoder_cache(stack: Decoder, cache, B: int, T: int, memory) -> int:
         raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
                         f"{type(cache).__name__}")
     past, cross, n = len(cache), cache.cross_attn, len(stack.layers)
+    if not stack.cross_attention and cross is not None:
+        raise ValueError("this stack has no cross-attention, but the cache has "
+                         "cross-attention caches: make it with this model's make_cache")
+    if stack.cross_attention and cross is None and memory is None:
+        raise ValueError("this stack's cross-attention needs the encoder output "
+                         "`memory`, or a cache whose cross-attention part is filled "
+                         "from it (make_cache(memory))")
     if cross is not None:
         if memory is not None:
             raise ValueError("the cache already holds the cross-attention keys and "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .attention import check_mask
 from .core import (
     check_bool_mask, check_choice, check_flag, check_int, check_number,
     check_positive_int, check_tensor, door, inside, shape_str)
@@ -254,7 +255,7 @@ class GPT(nn.Module):
         args = (ids, attention_mask, positions, cache, full_attention_mask, last_only)
         if not door.checked:  # (chapter 0: checked once, at the door)
             self._check(*args)
-            return inside(self.forward, *args)
+            return inside(GPT.forward, self, *args)
         past = 0 if cache is None else cache.length
         B, T = ids.shape
         if positions is None:
@@ -279,6 +280,8 @@ class GPT(nn.Module):
         _check_positions(positions, B, T, c.max_len)
         keys = None if cache is None or not cache.static else cache.max_len
         _check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
+        if full_attention_mask is not None:  # its heads, too: (B, H, T, past + T)
+            check_mask(full_attention_mask, (B, c.n_heads, T, past + T))
         check_flag(last_only, "last_only")
 
     def make_cache(self, batch_size: int, max_len: int | None = None,
@@ -355,7 +358,7 @@ class Transformer(nn.Module):
             check_token_ids(src, self.config.src_vocab_size, "src")
             if attention_mask is not None:
                 _real_tokens(attention_mask, "attention_mask", B, S)
-            return inside(self.encode, src, attention_mask)
+            return inside(Transformer.encode, self, src, attention_mask)
         B, S = _ids(src, "src", self.config.max_len)
         if attention_mask is None:
             attention_mask = src != self.config.pad_id
@@ -374,7 +377,7 @@ class Transformer(nn.Module):
         args = (tgt, memory, source_mask, attention_mask, positions, cache)
         if not door.checked:  # (chapter 0: checked once, at the door)
             self._check_decode(*args)
-            return inside(self.decode, *args)
+            return inside(Transformer.decode, self, *args)
         past = 0 if cache is None else cache.length
         B, T = tgt.shape
         if positions is None:
@@ -474,7 +477,7 @@ class EncoderClassifier(nn.Module):
             check_token_ids(ids, self.config.vocab_size, "ids")
             if attention_mask is not None:
                 _real_tokens(attention_mask, "attention_mask", B, T)
-            return inside(self.forward, ids, attention_mask)
+            return inside(EncoderClassifier.forward, self, ids, attention_mask)
         B, T = ids.shape
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         x = self.embed.tok(ids, "ids")  # (B, T, C)
@@ -534,7 +537,7 @@ class VisionTransformer(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if not door.checked:  # (chapter 0: checked once, at the door)
             self._check(images)
-            return inside(self.forward, images)
+            return inside(VisionTransformer.forward, self, images)
         x = self.patchify(images)  # (B, C, h, w): one C-vector per patch
         x = x.flatten(2).transpose(1, 2)  # (B, N, C), N = h·w patches
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + N, C)
@@ -607,7 +610,7 @@ class TextEncoder(nn.Module):
             if attention_mask is not None:
                 _real_tokens(attention_mask, "attention_mask", B, T)
             _token_types(token_type_ids, ids, self.config.type_vocab_size)
-            return inside(self.forward, *args)
+            return inside(TextEncoder.forward, self, *args)
         B, T = ids.shape
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         mask = _real_tokens(keep, "attention_mask", B, T)  # (B, 1, 1, T)

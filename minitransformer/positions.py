@@ -174,6 +174,9 @@ class RotaryEmbedding(nn.Module):
             self._last = last = (cos, R)
         return last[1]
 
+    def __getstate__(self) -> dict:  # (pickle, deepcopy: without the matrices)
+        return {k: v for k, v in self.__dict__.items() if k != "_last"}
+
     def forward(self,
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
                 positions: torch.Tensor,  # (T,) or (B, T): the position of each vector

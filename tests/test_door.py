@@ -185,3 +185,60 @@ def test_non_finite_logits_are_refused_with_the_one_read():
     with pytest.raises(ValueError, match="finite largest score"):
         generate(model, [[1, 2]], 3)
     assert not door.checked and not door.no_empty_rows
+
+
+def test_a_subclass_that_overrides_forward_runs_once():
+    calls = []
+
+    class Doubled(GPT):
+        def forward(self, ids, **kw):
+            calls.append(1)
+            return super().forward(ids, **kw) * 2
+
+    torch.manual_seed(0)
+    model = Doubled(GPTConfig(vocab_size=50, n_layers=1, d_model=16, n_heads=2)).eval()
+    plain = GPT(model.config).eval()
+    plain.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), 2 * plain(ids))
+    assert calls == [1]
+
+
+def test_inside_restores_the_flag_it_found():
+    def nested():
+        inside(lambda: None)
+        return door.checked
+
+    assert inside(nested) is True and not door.checked
+
+
+def test_what_the_stacks_used_to_check_is_still_refused_at_the_door():
+    from minitransformer.model import Transformer, TransformerConfig
+    model = gpt(1, vocab=50, d_model=16, n_heads=2, n_kv_heads=None, d_ff=32)
+    ids = torch.randint(0, 50, (2, 3))
+    with pytest.raises(ValueError, match="does not broadcast"):  # 3 heads for 2
+        model(ids, full_attention_mask=torch.ones(2, 3, 3, 3, dtype=torch.bool))
+    torch.manual_seed(0)
+    tr = Transformer(TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16,
+                                       n_heads=2, n_encoder_layers=1, n_decoder_layers=1))
+    memory, source_mask = tr.encode(torch.randint(1, 20, (2, 4)))
+    with pytest.raises(ValueError, match="has no cross-attention"):
+        model(ids, cache=tr.make_cache(memory))
+    with pytest.raises(ValueError, match="needs the encoder output"):
+        tr.decode(ids.clamp(max=19), None, cache=model.make_cache(2))
+    cache = model.make_cache(2)
+    with pytest.raises(ValueError, match="one layer's part of a DecoderCache"):
+        cache.self_attn[0].update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8))
+
+
+def test_rms_norm_under_torch_func_and_twice_differentiated():
+    norm = RMSNorm(8)
+    x = torch.randn(3, 8)
+    plain = lambda x: (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
+    torch.testing.assert_close(torch.func.grad(lambda x: norm(x).sum())(x),
+                               torch.func.grad(plain)(x))
+    x.requires_grad_()
+    g, = torch.autograd.grad(norm(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):  # refused, not a wrong second derivative
+        g.sum().backward()

@@ -1821,9 +1821,7 @@ def _(data):
             cache = kvc.DecoderCache.allocate(n, b, cfg.n_heads, L, cfg.head_dim,
                                               S if cross else None)
             if cache_kind == "short" and T == 1:
-                for c in cache.self_attn:
-                    c.update(torch.zeros(b, cfg.n_heads, 1, cfg.head_dim),
-                             torch.zeros(b, cfg.n_heads, 1, cfg.head_dim))
+                cache.length = 1  # full: one position (zeros) already stored
             if cross and isinstance(memory, torch.Tensor) and cache_kind not in ("empty cross", "layers") \
                     and memory.dim() == 3:
                 cache.fill_cross_attention(m, memory)

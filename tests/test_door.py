@@ -73,6 +73,8 @@ def test_a_decoded_token_costs_few_python_calls_and_one_host_read(prompts):
     c4, r4 = counted(lambda: generate(model, prompts, 4))
     c12, r12 = counted(lambda: generate(model, prompts, 12))
     calls, reads = (c12 - c4) / 8, (r12 - r4) / 8
+    print(f"per decoded token: {calls:.0f} Python calls into the package, {reads:.0f} host "
+          "read(s)")  # (pytest -s shows it)
     assert reads <= 1, f"{reads} host reads per decoded token"
     assert calls <= 170, f"{calls} Python calls into the package per decoded token"
 

@@ -52,7 +52,7 @@ _NOT_FINITE = ("logits must have a finite largest score in every row, got NaN, +
 
 
 def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor:
-    "The next tokens `(B,)` of `sample_next`, -1 in a row whose top score is not finite."
+    "`sample_next`'s tokens `(B,)`, with -1 in a row whose top score is not finite."
     if temperature == 0:
         nxt = logits.argmax(-1)  # (NaN counts as the largest: it is caught below)
         top = logits.gather(-1, nxt[:, None])  # (B, 1)

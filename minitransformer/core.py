@@ -30,7 +30,7 @@ def default_device() -> torch.device:
 def tracing() -> bool:
     """Whether `torch.compile` is tracing the current call. Checks that read a
     tensor's values (not just its shape) skip themselves then: each would split the
-    compiled graph in two (`generate(..., compile=...)` passes values it made)."""
+    compiled graph in two (inside `generate` no check runs at all: chapter 0)."""
     if "torch._dynamo" not in sys.modules:  # never imported: nothing is compiling
         return False
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)

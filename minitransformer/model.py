@@ -82,7 +82,7 @@ class _Embed(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, name: str = "ids",
                 token_types: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.tok(ids, name)  # (B, T, C); errors name the caller's argument
+        x = self.tok(ids, name)  # (B, T, C)
         if self.pos is not None:
             x = x + self.pos(positions).to(x.dtype)  # (T, C) or (B, T, C), broadcast
         if self.types is not None:
@@ -93,7 +93,7 @@ class _Embed(nn.Module):
 
 # %% ../nbs/11_model.ipynb #7f5bef0e
 def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int, int]:
-    "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: in the embedding)."
+    "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
     if not door.checked:  # (chapter 0: checked once, at the door)
         check_tensor(ids, name)
         if ids.dim() != 2 or 0 in ids.shape or ids.is_floating_point():

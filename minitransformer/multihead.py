@@ -108,12 +108,12 @@ class HeadProjection(nn.Module):
             # rotate before caching: the cache keeps rotated keys
             q, k = self.rotary.rotate(q, angles), self.rotary.rotate(k, angles)
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, H, S_past + T, D)
+            k, v = cache.update(k, v)  # (B, H_kv, past + T or max_len, D)
         return q, k, v
 
     def context_keys_values(self, context: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:
-        "Cross-attention's keys and values `(B, H, S, D)` of `context` (for a cache)."
+        "Keys and values `(B, H_kv, S, D)` of `context` for cross-attention's cache."
         return self._kv_heads(*self.qkv.keys_values(context))
 
     def _kv_heads(self, k: torch.Tensor, v: torch.Tensor) -> tuple:

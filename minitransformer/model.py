@@ -200,6 +200,24 @@ def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
                         keys=keys), False
 
 
+def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions,
+                    cache, memory, attention_mask, full_attention_mask) -> int:
+    """Raise unless a decoder call's ids, positions, cache and masks fit `model` (a
+    `GPT` or a `Transformer`) and each other; return B."""
+    c = model.config
+    B, T = _ids(ids, name, c.max_len)
+    _check_decoder_cache(model.decoder, cache, B, T, memory)
+    past = 0 if cache is None else len(cache)
+    _ids(ids, name, c.max_len, past)  # past + T within max_len
+    check_token_ids(ids, vocab_size, name)  # reads the values
+    _check_positions(positions, B, T, c.max_len)
+    keys = None if cache is None or not cache.static else cache.max_len
+    _check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
+    if full_attention_mask is not None:  # its heads, too: (B, H, T, past + T)
+        check_mask(full_attention_mask, (B, c.n_heads, T, past + T))
+    return B
+
+
 def _empty_after(mask: torch.Tensor, keys: int) -> torch.Tensor:
     "`mask` `(..., S)` extended with False up to `keys` columns."
     extra = keys - mask.shape[-1]
@@ -271,17 +289,8 @@ class GPT(nn.Module):
     def _check(self, ids, attention_mask, positions, cache, full_attention_mask,
                last_only) -> None:
         "Raise unless `forward`'s arguments are well formed and fit each other."
-        c = self.config
-        B, T = _ids(ids, "ids", c.max_len)
-        _check_decoder_cache(self.decoder, cache, B, T, None)
-        past = 0 if cache is None else len(cache)
-        _ids(ids, "ids", c.max_len, past)  # past + T within max_len
-        check_token_ids(ids, c.vocab_size, "ids")  # reads the values
-        _check_positions(positions, B, T, c.max_len)
-        keys = None if cache is None or not cache.static else cache.max_len
-        _check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
-        if full_attention_mask is not None:  # its heads, too: (B, H, T, past + T)
-            check_mask(full_attention_mask, (B, c.n_heads, T, past + T))
+        _check_decoding(self, ids, "ids", self.config.vocab_size, positions, cache,
+                        None, attention_mask, full_attention_mask)
         check_flag(last_only, "last_only")
 
     def make_cache(self, batch_size: int, max_len: int | None = None,
@@ -395,21 +404,14 @@ class Transformer(nn.Module):
     def _check_decode(self, tgt, memory, source_mask, attention_mask, positions,
                       cache) -> None:
         "Raise unless `decode`'s arguments are well formed and fit each other."
-        c = self.config
-        B, T = _ids(tgt, "tgt", c.max_len)
-        _check_decoder_cache(self.decoder, cache, B, T, memory)
-        past = 0 if cache is None else len(cache)
-        _ids(tgt, "tgt", c.max_len, past)  # past + T within max_len
-        check_token_ids(tgt, c.tgt_vocab_size, "tgt")  # reads the values
-        _check_positions(positions, B, T, c.max_len)
-        _check_memory(memory, B, c.d_model)
+        B = _check_decoding(self, tgt, "tgt", self.config.tgt_vocab_size, positions,
+                            cache, memory, attention_mask, None)
+        _check_memory(memory, B, self.config.d_model)
         if memory is not None:
             self.decoder.layers[0]._check_x(memory, "memory")  # its dtype
         elif cache is None:
             raise ValueError("decode needs the encoder output `memory`, or a cache "
                              "filled from it (make_cache(memory))")
-        keys = None if cache is None or not cache.static else cache.max_len
-        _check_decoder_masks(B, T, past, attention_mask, None, keys)
         if source_mask is not None:
             _real_tokens(source_mask, "source_mask", B,
                          _source_len(memory, cache, source_mask))

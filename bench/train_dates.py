@@ -19,7 +19,8 @@ import torch
 from minitransformer.core import seed_everything
 from minitransformer.data import DateTask
 from minitransformer.model import Transformer, TransformerConfig, count_parameters
-from minitransformer.training import distributed, sequence_loss, train
+from minitransformer.distributed import DDPProcesses, distributed
+from minitransformer.training import sequence_loss, train
 
 
 def main() -> None:
@@ -69,7 +70,8 @@ def run(a: argparse.Namespace, me) -> None:
         return loss, int((targets != cfg.pad_id).sum())  # the mean and what it is over
 
     log = train(model, next_batch, loss_fn, steps=a.steps, max_seconds=a.seconds, lr=a.lr, warmup=a.warmup,
-                eval_fn=lambda m: {"accuracy": task.accuracy(m)}, eval_every=a.eval_every, log_every=a.eval_every)
+                eval_fn=lambda m: {"accuracy": task.accuracy(m)}, eval_every=a.eval_every, log_every=a.eval_every,
+                processes=DDPProcesses())
     if me.rank != 0:
         return  # rank 0 evaluated and reports
     print(f"{'step':>6} {'train s':>8} {'accuracy':>9}")

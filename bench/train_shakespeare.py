@@ -25,7 +25,9 @@ from minitransformer.core import seed_everything
 from minitransformer.data import char_windows, shakespeare_split
 from minitransformer.embeddings import Tokenizer
 from minitransformer.model import GPT, GPTConfig, count_parameters
-from minitransformer.training import distributed, save_checkpoint, sequence_loss, train
+from minitransformer.checkpoints import save_checkpoint
+from minitransformer.distributed import DDPProcesses, distributed
+from minitransformer.training import sequence_loss, train
 
 
 def init_weights(model: GPT, how: str) -> None:
@@ -105,7 +107,8 @@ def run(a: argparse.Namespace, me) -> None:
     log = train(model, windows,
                 lambda m, b: sequence_loss(m(b[0]), b[1]), steps=a.steps, max_seconds=a.seconds, lr=a.lr,
                 warmup=a.warmup, min_lr_ratio=a.min_lr_ratio, weight_decay=a.weight_decay, betas=tuple(a.betas),
-                ema=ema, eval_fn=val_loss, eval_every=a.eval_every, log_every=a.eval_every)
+                ema=ema, eval_fn=val_loss, eval_every=a.eval_every, log_every=a.eval_every,
+                processes=DDPProcesses())
     if me.rank != 0:
         return  # rank 0 evaluated, reports and saves
     print(f"{'step':>6} {'train s':>8} {'val loss':>9}" + (f" {'averaged':>9}" if ema else ""))

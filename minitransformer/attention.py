@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from .core import (
-    broadcast_shape, check_dropout, check_flag, check_number, check_tensor, shape_str)
-from .core import door
+    broadcast_shape, check_bool_mask, check_dropout, check_flag, check_number,
+    check_tensor, door, shape_str)
 from .mixing import softmax
 from .qkv import check_qkv
 
@@ -30,11 +30,7 @@ def _check_mask(mask, shape: tuple) -> None:
     "`check_mask` for a `shape` known to be valid (inside the attention functions)."
     if mask is None:
         return
-    check_tensor(mask, "mask")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean with True = may attend, got dtype "
-                        f"{mask.dtype}; convert a 0/1 mask with mask.bool(), an "
-                        "additive 0/-inf mask with mask == 0")
+    check_bool_mask(mask)
     if broadcast_shape(mask.shape, shape) != tuple(shape):
         raise ValueError(f"mask of shape {shape_str(mask)} does not broadcast to the "
                          f"attention weights' shape {tuple(shape)} = (..., T, S)")

@@ -14,7 +14,7 @@ import torch
 # %% auto #0
 __all__ = ['door', 'default_device', 'tracing', 'seed_everything', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_int',
            'check_positive_int', 'check_number', 'check_probability', 'check_dropout', 'check_choice', 'check_flag',
-           'check_bool_mask', 'inside']
+           'check_bool_mask', 'is_integer_tensor', 'check_float_dtype', 'autocast_on', 'check_dtype', 'inside']
 
 # %% ../nbs/00_core.ipynb #cb507d07
 def default_device() -> torch.device:
@@ -182,6 +182,39 @@ def check_bool_mask(mask, name: str = "mask") -> torch.Tensor:
                         f"{mask.dtype}; convert a 0/1 mask with .bool(), an additive "
                         "0/-inf mask with == 0")
     return mask
+
+# %% ../nbs/00_core.ipynb #14ba9795
+def is_integer_tensor(t: torch.Tensor) -> bool:
+    "Whether the tensor `t` has an integer dtype: not floating, not complex, not bool."
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def check_float_dtype(dtype, name: str = "dtype") -> None:
+    "Raise unless `dtype` is None (torch's default) or a floating-point torch.dtype."
+    if dtype is not None and not (isinstance(dtype, torch.dtype)
+                                  and dtype.is_floating_point):
+        raise TypeError(f"{name} must be a floating-point torch.dtype such as "
+                        f"torch.float32 (or None for the default), got {dtype!r}")
+
+
+def autocast_on(device_type: str) -> bool:
+    "Whether autocast is on for this device type (then dtypes may differ on purpose)."
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+def check_dtype(t: torch.Tensor, name: str, dtype: torch.dtype, owner: str, *,
+                autocast_ok: bool = True) -> torch.Tensor:
+    """`t` if its dtype is `dtype`, the dtype of `owner` (e.g. "the layer's weights"),
+    or if autocast is on for its device and `autocast_ok`; else raise a TypeError."""
+    if t.dtype != dtype and not (autocast_ok and autocast_on(t.device.type)):
+        raise TypeError(f"{name} has dtype {t.dtype}, but {owner} are {dtype}: "
+                        "convert one with .to()")
+    return t
 
 # %% ../nbs/00_core.ipynb #3f7eef73
 class _Door(threading.local):

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minitransformer.core import (
+from .core import (
     check_flag, check_int, check_number, check_positive_int, check_tensor, door,
-    shape_str, tracing)
+    is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'check_token_ids', 'TokenEmbedding']
+__all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'pad_ids', 'check_token_ids', 'TokenEmbedding']
 
 # %% ../nbs/02_embeddings.ipynb #84d4e193
 def _as_list(values, name: str, what: str) -> list:
@@ -39,21 +39,22 @@ def _strings(values, name: str) -> list[str]:
     return values
 
 
-def _id_list(ids, vocab_size: int) -> list[int]:
-    "`ids` (ints, or a 0-D/1-D integer tensor) as a list of ids in `[0, vocab_size)`."
+def _id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]:
+    """`ids` (ints, or a 0-D/1-D integer tensor) as a list of ids, each in
+    `[0, vocab_size)` if a `vocab_size` is given; else raise naming `name`."""
     if isinstance(ids, torch.Tensor):
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+        if not is_integer_tensor(ids):
+            raise TypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
         if ids.dim() > 1:
-            raise ValueError(f"ids must be 0-D or 1-D, got shape {shape_str(ids)}")
+            raise ValueError(f"{name} must be 0-D or 1-D, got shape {shape_str(ids)}")
         ids = ids.reshape(-1).tolist()
     elif isinstance(ids, (str, bytes)):
-        raise TypeError(f"ids must be token ids (ints), got {type(ids).__name__}")
-    ids = _as_list(ids, "ids", "ints")
+        raise TypeError(f"{name} must be token ids (ints), got {type(ids).__name__}")
+    ids = _as_list(ids, name, "ints")
     for i in ids:
         if not isinstance(i, int) or isinstance(i, bool):
-            raise TypeError(f"ids must be ints, got {i!r} ({type(i).__name__})")
-        if not 0 <= i < vocab_size:
+            raise TypeError(f"{name} must be ints, got {i!r} ({type(i).__name__})")
+        if vocab_size is not None and not 0 <= i < vocab_size:
             raise ValueError(f"token id {i!r} is outside the vocabulary of "
                              f"{vocab_size} tokens (ids 0..{vocab_size - 1})")
     return ids
@@ -136,19 +137,39 @@ class Tokenizer(Vocabulary):
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
                      add_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ids `(B, T)`, right-padded with `pad_id`, and each text's length `(B,)`.
-        `texts` must hold at least one string (else ValueError)."""
+        """Ids `(B, T)`, right-padded with `pad_id`, and the mask `(B, T)`, True at
+        real tokens (`pad_ids`). `texts` must hold at least one string (else
+        ValueError)."""
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not one string")
         texts = _strings(texts, "texts")
         if not texts:
             raise ValueError("texts must be a non-empty sequence of strings, got none")
-        seqs = [self.encode(t, add_bos, add_eos) for t in texts]
-        lengths = torch.tensor([len(s) for s in seqs])
-        ids = torch.full((len(seqs), int(lengths.max())), self.pad_id, dtype=torch.long)
-        for b, s in enumerate(seqs):
-            ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-        return ids, lengths
+        return pad_ids([self.encode(t, add_bos, add_eos) for t in texts], self.pad_id)
+
+# %% ../nbs/02_embeddings.ipynb #8d31c42d
+def pad_ids(rows: Sequence[Sequence[int]],  # B rows of token ids, of any lengths
+            pad_id: int,  # the id that fills the short rows
+            left: bool = False,  # pad on the left (rows end together), else the right
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids `(B, T)` int64, T the longest row, and the mask `(B, T)` bool, True at
+    real tokens. `rows` must hold at least one row; a row may be empty."""
+    if isinstance(rows, (str, bytes, torch.Tensor)):
+        raise TypeError(f"rows must be a sequence of lists of token ids, got "
+                        f"{type(rows).__name__}")
+    rows = _as_list(rows, "rows", "lists of token ids")
+    rows = [_id_list(r, name=f"rows[{b}]") for b, r in enumerate(rows)]
+    if not rows:
+        raise ValueError("rows must hold at least one row of token ids, got none")
+    check_int(pad_id, "pad_id")
+    check_flag(left, "left")
+    T = max(map(len, rows))
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        cols = slice(T - len(r), T) if left else slice(0, len(r))
+        ids[b, cols], mask[b, cols] = torch.tensor(r, dtype=torch.long), True
+    return ids, mask
 
 # %% ../nbs/02_embeddings.ipynb #ad368023
 def check_token_ids(ids: torch.Tensor, vocab_size: int,
@@ -157,7 +178,7 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int,
     raise naming the first bad id. An empty `ids` passes."""
     check_tensor(ids, name)
     vocab_size = check_positive_int(vocab_size, "vocab_size")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+    if not is_integer_tensor(ids):
         raise TypeError(f"{name} must be an integer tensor (torch.long), "
                         f"got dtype {ids.dtype}")
     if ids.numel() and not tracing():  # (torch.compile: values not read)

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import (
-    check_dropout, check_positive_int, check_tensor, door, shape_str)
-from .qkv import _autocast_on, _check_float_dtype
+from minitransformer.core import (
+    check_dropout, check_dtype, check_float_dtype, check_positive_int, check_tensor,
+    door, shape_str)
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -53,7 +53,7 @@ class FeedForward(nn.Module):
         check_positive_int(d_model, "d_model")
         check_positive_int(d_ff, "d_ff")
         check_dropout(dropout)
-        _check_float_dtype(dtype)
+        check_float_dtype(dtype)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w1 = nn.Linear(d_model, d_ff, **kw)
@@ -83,6 +83,4 @@ def _check_input(x, d_model: int, dtype: torch.dtype) -> None:
     if x.shape[-1] != d_model:
         raise ValueError(f"x has width {x.shape[-1]} (shape {shape_str(x)}) but "
                          f"FeedForward expects d_model={d_model}")
-    if x.dtype != dtype and not _autocast_on(x.device.type):
-        raise TypeError(f"x has dtype {x.dtype}, but the FeedForward's weights are "
-                        f"{dtype}: convert one with .to()")
+    check_dtype(x, "x", dtype, "the FeedForward's weights")

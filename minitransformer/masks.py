@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from .core import (
-    broadcast_shape, check_int, check_positive_int, check_tensor, door, shape_str)
+    broadcast_shape, check_bool_mask, check_float_dtype, check_int, check_positive_int,
+    check_tensor, door, is_integer_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['causal_mask', 'padding_mask', 'padding_mask_from_ids', 'combine_masks', 'additive_mask', 'to_torch_mask']
@@ -53,7 +54,7 @@ def _padded_length(lengths, S) -> int:
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be a 1-D integer tensor (B,), got shape "
                          f"{shape_str(lengths)}")
-    if not _is_integer(lengths):
+    if not is_integer_tensor(lengths):
         raise TypeError(f"lengths must be a 1-D integer tensor (B,), got dtype "
                         f"{lengths.dtype}")
     S = None if S is None else check_int(S, "S", minimum=0)
@@ -71,14 +72,9 @@ def _check_ids(ids, pad_id) -> None:
     check_tensor(ids, "ids")
     if ids.dim() != 2:
         raise ValueError(f"ids must be (B, S), got shape {shape_str(ids)}")
-    if not _is_integer(ids):
+    if not is_integer_tensor(ids):
         raise TypeError(f"ids must be integer token ids, got dtype {ids.dtype}")
     check_int(pad_id, "pad_id")
-
-
-def _is_integer(t: torch.Tensor) -> bool:
-    "Whether `t` holds integers (not floats, complex numbers or booleans)."
-    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 # %% ../nbs/08_masks.ipynb #a2afb004
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -86,10 +82,7 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     all None gives None)."""
     present = [m for m in masks if m is not None]
     for i, m in enumerate(present):
-        check_tensor(m, f"mask {i}")
-        if m.dtype != torch.bool:
-            raise TypeError(f"mask {i} must be boolean (True = may attend), "
-                            f"got dtype {m.dtype}")
+        check_bool_mask(m, f"mask {i}")
     if not present:
         return None
     if broadcast_shape(*(m.shape for m in present)) is None:
@@ -106,13 +99,10 @@ def additive_mask(mask: torch.Tensor,  # bool, True = may attend
                   ) -> torch.Tensor:  # 0 where allowed, very negative where blocked
     """The additive form of a boolean mask: 0 where it is True, a huge negative number
     where it is False (-inf for float32/64, the dtype's min for float16/bfloat16)."""
-    check_tensor(mask, "mask")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), "
-                        f"got dtype {mask.dtype}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point dtype such as torch.float32, "
-                        f"got {dtype!r}")
+    check_bool_mask(mask)
+    check_float_dtype(dtype)
+    if dtype is None:  # (check_float_dtype lets None mean torch's default)
+        raise TypeError("dtype must be the scores' floating-point torch.dtype, got None")
     half = dtype in (torch.float16, torch.bfloat16)
     blocked = torch.finfo(dtype).min if half else float("-inf")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -122,8 +112,4 @@ def additive_mask(mask: torch.Tensor,  # bool, True = may attend
 def to_torch_mask(mask: torch.Tensor) -> torch.Tensor:
     """Our boolean mask (True = may attend) in the polarity of
     `torch.nn.MultiheadAttention` (True = blocked)."""
-    check_tensor(mask, "mask")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), "
-                        f"got dtype {mask.dtype}")
-    return ~mask
+    return ~check_bool_mask(mask)

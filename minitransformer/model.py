@@ -25,7 +25,7 @@ from .qkv import _autocast_on
 # %% auto #0
 __all__ = ['POSITION_ENCODINGS', 'TextConfig', 'decoder_mask', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',
            'EncoderClassifierConfig', 'EncoderClassifier', 'ViTConfig', 'VisionTransformer', 'count_parameters',
-           'TextEncoderConfig', 'TextEncoder']
+           'TextEncoderConfig', 'TextEncoder', 'mean_pool']
 
 # %% ../nbs/11_model.ipynb #271cbe27
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rotary")
@@ -634,3 +634,18 @@ def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
         raise ValueError(f"token_type_ids must be (B, T) like ids "
                          f"{shape_str(ids)}, got {shape_str(token_type_ids)}")
     return check_token_ids(token_type_ids, n_types, "token_type_ids")
+
+
+def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
+              mask: torch.Tensor,  # (B, T) True at real tokens
+              normalize: bool = True) -> torch.Tensor:  # (B, C)
+    """One vector per text: the average of its real tokens' vectors (as
+    sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1."""
+    check_tensor(hidden, "hidden", floating=True)
+    check_bool_mask(mask, "mask")
+    if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(f"hidden must be (B, T, C) and mask (B, T), got shapes "
+                         f"{shape_str(hidden)} and {shape_str(mask)}")
+    weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+    return nn.functional.normalize(pooled, dim=-1) if normalize else pooled

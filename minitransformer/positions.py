@@ -7,12 +7,11 @@ import torch
 from torch import nn
 
 from .core import (
-    check_flag, check_number, check_positive_int, check_tensor, shape_str, tracing)
-from .core import door
-from .qkv import _check_float_dtype
+    check_flag, check_float_dtype, check_number, check_positive_int, check_tensor, door,
+    is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
-__all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'LearnedPositions', 'RotaryEmbedding']
+__all__ = ['sinusoidal_positions', 'check_positions', 'SinusoidalPositions', 'LearnedPositions', 'RotaryEmbedding']
 
 # %% ../nbs/07_positions.ipynb #f692f22c
 def sinusoidal_positions(n_positions: int, d_model: int,
@@ -47,20 +46,22 @@ def _check_base(base) -> None:
     check_number(base, "base", low=1, low_open=True)
 
 # %% ../nbs/07_positions.ipynb #3c79a7e5
-def _check_positions(positions: torch.Tensor, max_len: int) -> None:
+def check_positions(positions: torch.Tensor, max_len: int) -> torch.Tensor:
+    """`positions` if it is an integer tensor with every value in `[0, max_len)` (the
+    values are not read while `torch.compile` traces); else raise."""
     check_tensor(positions, "positions")
-    if positions.is_floating_point() or positions.dtype == torch.bool:
+    max_len = check_positive_int(max_len, "max_len")
+    if not is_integer_tensor(positions):
         raise TypeError("positions must be an integer tensor, "
                         f"got dtype {positions.dtype}")
-    if tracing():  # under torch.compile the values are not read (core's `tracing`)
-        return
-    if not positions.numel():
-        return
+    if tracing() or not positions.numel():  # (torch.compile: values not read)
+        return positions
     low, high = torch.stack(torch.aminmax(positions)).tolist()  # one transfer
     if low < 0 or high >= max_len:
         raise ValueError(f"positions must lie in [0, {max_len}) (max_len={max_len}), "
                          f"got values from {low} to {high}; "
                          "build the module with a larger max_len")
+    return positions
 
 
 class SinusoidalPositions(nn.Module):
@@ -76,7 +77,7 @@ class SinusoidalPositions(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         if not door.checked:  # (chapter 0: checked once, at the door)
-            _check_positions(positions, self.max_len)
+            check_positions(positions, self.max_len)
         return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
 
 # %% ../nbs/07_positions.ipynb #e0779377
@@ -90,14 +91,14 @@ class LearnedPositions(nn.Module):
         check_positive_int(max_len, "max_len")
         check_positive_int(d_model, "d_model")
         check_number(init_std, "init_std", low=0)
-        _check_float_dtype(dtype)
+        check_float_dtype(dtype)
         self.d_model, self.max_len = d_model, max_len
         table = torch.randn(max_len, d_model, device=device, dtype=dtype) * init_std
         self.weight = nn.Parameter(table)  # (max_len, C)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         if not door.checked:
-            _check_positions(positions, self.max_len)
+            check_positions(positions, self.max_len)
         return self.weight[positions]
 
 # %% ../nbs/07_positions.ipynb #71c7a3b9
@@ -125,7 +126,7 @@ class RotaryEmbedding(nn.Module):
         """The tables `rotate` multiplies by, `(T, D)` or `(B, T, D)`: cos m·θ_i under
         both numbers of pair i, and sin m·θ_i with the first one's sign flipped."""
         if not door.checked:  # (chapter 0: checked once, at the door)
-            _check_positions(positions, self.max_len)  # reads the values
+            check_positions(positions, self.max_len)  # reads the values
             if positions.dim() not in (1, 2):
                 raise ValueError(f"positions must be (T,) or (B, T), got shape "
                                  f"{shape_str(positions)}")

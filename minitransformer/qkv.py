@@ -7,8 +7,9 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from .core import (
-    broadcast_shape, check_positive_int, check_tensor, door, shape_str)
+from minitransformer.core import (
+    broadcast_shape, check_dtype, check_float_dtype, check_positive_int, check_tensor,
+    door, shape_str)
 
 # %% auto #0
 __all__ = ['QKVProjection', 'check_qkv']
@@ -29,7 +30,7 @@ class QKVProjection(nn.Module):
         d_v = d_k if d_v is None else d_v
         for name, n in (("d_model", d_model), ("d_q", d_q), ("d_k", d_k), ("d_v", d_v)):
             check_positive_int(n, name)
-        _check_float_dtype(dtype)
+        check_float_dtype(dtype)
         self.d_model, self.d_q, self.d_k, self.d_v = d_model, d_q, d_k, d_v
         device = torch.empty(0).device if device is None else device  # for skip_init
         kw = dict(bias=bias, device=device, dtype=dtype)  # reset_parameters draws them
@@ -60,7 +61,7 @@ class QKVProjection(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`; empty if T or S is 0."
         if not door.checked:  # (chapter 0: checked once, at the door)
-            _check_width(x, "x", self.d_model, self.q_proj.weight.dtype)
+            _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
             if context is not None:
                 _check_context(x, context, self.d_model, self.k_proj.weight.dtype)
         if context is None:  # self-attention
@@ -70,52 +71,33 @@ class QKVProjection(nn.Module):
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         "Q alone, `(..., T, d_q)`."
         if not door.checked:
-            _check_width(x, "x", self.d_model, self.q_proj.weight.dtype)
+            _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
         return self.q_proj(x)
 
     def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "K `(..., S, d_k)` and V `(..., S, d_v)` alone, from `context`."
         if not door.checked:
-            _check_width(context, "context", self.d_model, self.k_proj.weight.dtype)
+            _check_projection_input(context, "context", self.d_model, self.k_proj.weight.dtype)
         return self.k_proj(context), self.v_proj(context)
 
 # %% ../nbs/03_qkv.ipynb #62d4ea96
-def _check_width(t: torch.Tensor, name: str, d_model: int,
-                 dtype: torch.dtype) -> torch.Tensor:
+def _check_projection_input(t: torch.Tensor, name: str, d_model: int,
+                            dtype: torch.dtype) -> torch.Tensor:
     "`t` if it is a floating `(..., d_model)` tensor of dtype `dtype`; else raise."
     check_tensor(t, name, min_dim=2, floating=True)
     if t.shape[-1] != d_model:
         raise ValueError(f"{name} has width {t.shape[-1]} (shape {shape_str(t)}) but "
                          f"this projection expects d_model={d_model} features in the "
                          "last dimension")
-    if t.dtype != dtype and not _autocast_on(t.device.type):
-        raise TypeError(f"{name} has dtype {t.dtype}, but the projection's weights are "
-                        f"{dtype}: convert one with .to()")
-    return t
+    return check_dtype(t, name, dtype, "the projection's weights")
 
 
 def _check_context(x, context, d_model: int, dtype: torch.dtype) -> None:
     "Raise unless `context` fits the projection and batch-broadcasts to `x`'s batch."
-    _check_width(context, "context", d_model, dtype)
+    _check_projection_input(context, "context", d_model, dtype)
     if broadcast_shape(x.shape[:-2], context.shape[:-2]) != x.shape[:-2]:
         raise ValueError(f"x {shape_str(x)} and context {shape_str(context)} have "
                          "batch dimensions that do not broadcast (to those of x)")
-
-
-def _autocast_on(device_type: str) -> bool:
-    "Whether autocast is on for this device type (then dtypes may differ on purpose)."
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 takes no device type
-        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
-
-
-def _check_float_dtype(dtype, name: str = "dtype") -> None:
-    "Raise unless `dtype` is None (torch's default) or a floating-point torch.dtype."
-    if dtype is not None and not (isinstance(dtype, torch.dtype)
-                                  and dtype.is_floating_point):
-        raise TypeError(f"{name} must be a floating-point torch.dtype such as "
-                        f"torch.float32 (or None for the default), got {dtype!r}")
 
 # %% ../nbs/03_qkv.ipynb #e3f4df11
 def check_qkv(q: torch.Tensor,  # (..., T, D) queries

@@ -7,32 +7,29 @@ import json
 import math
 import numbers
 import os
-import tempfile
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from minitransformer.checkpoints import (
+    MODEL_CLASSES, TRAIN_PREFIX, load_checkpoint, read_header, read_train_state,
+    save_checkpoint)
 from .core import (
     check_choice, check_flag, check_int, check_number, check_positive_int,
-    check_probability, check_tensor, default_device, shape_str)
-from .model import (
-    GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig, TextEncoder,
-    TextEncoderConfig, Transformer, TransformerConfig, ViTConfig, VisionTransformer)
+    check_probability, check_tensor, is_integer_tensor, shape_str)
+from .model import GPT, GPTConfig
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'FORMAT', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'save_checkpoint',
-           'expected_layout', 'load_checkpoint', 'model_from_state', 'train', 'Rank', 'distributed', 'shard_batch']
+__all__ = ['SCHEDULES', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
 
 # %% ../nbs/13_training.ipynb #83ab1eea
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
@@ -213,309 +210,22 @@ def _adamw(params: list, lr: float, betas: tuple,
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
-# %% ../nbs/13_training.ipynb #b5ca59d4
-FORMAT = "minitransformer-checkpoint-3"  # safetensors + JSON (2 was torch.save's)
-_MODELS = {"GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
-           "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
-           "VisionTransformer": (VisionTransformer, ViTConfig),
-           "TextEncoder": (TextEncoder, TextEncoderConfig)}
-_TRAIN = "train/"  # names of a training run's extra tensors (optimiser, average)
-
-
-def _model_tensors(model: nn.Module) -> tuple[dict, dict]:
-    "The state dict with each tensor once; a tied weight becomes an alias of another."
-    tensors, aliases, seen = {}, {}, {}
-    for name, t in model.state_dict().items():
-        key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
-        if t.numel() and key in seen:
-            aliases[name] = seen[key]  # e.g. the head tied to the token embedding
-        else:
-            seen[key] = name
-            tensors[name] = t.detach().cpu().contiguous()
-    return tensors, aliases
-
-
-def _write(path: str | Path, tensors: dict, metadata: dict) -> Path:
-    "Write a safetensors file atomically: a temporary file beside it, then a rename."
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:  # a failure (or Ctrl-C) before the rename leaves the old file untouched
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would (mkstemp makes it private)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _save(model: nn.Module, path: str | Path, extra: dict | None = None,
-          info: dict | None = None) -> Path:
-    "A checkpoint of `model`, plus a training run's `extra` tensors and `info`."
-    kind = type(model).__name__
-    if kind not in _MODELS or type(model) is not _MODELS[kind][0]:
-        raise TypeError(f"model must be one of {list(_MODELS)}, got {kind}")
-    tensors, aliases = _model_tensors(model)
-    tensors |= {name: t.detach().cpu().contiguous()
-                for name, t in (extra or {}).items()}
-    metadata = {"format": FORMAT, "model": kind, "aliases": json.dumps(aliases),
-                "config": json.dumps(asdict(model.config))}  # plain values only
-    if info is not None:
-        metadata["train"] = json.dumps(info, default=float)  # metrics may be tensors
-    return _write(path, tensors, metadata)
-
-
-def save_checkpoint(model: nn.Module, path: str | Path) -> Path:
-    "Save `model`'s class, config and weights to `path` (safetensors, atomically)."
-    return _save(model, path)
-
-# %% ../nbs/13_training.ipynb #b8580cde
-def _parse_json_object(text: str | bytes, where: str) -> dict:
-    """`text` (or a file's bytes: UTF-8) parsed as a JSON object (a dict); else a
-    ValueError naming `where`."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as e:  # not JSON or UTF-8; nested too deeply
-        raise ValueError(f"{where} is not valid JSON: {str(e)[:200]}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a JSON object, got a "
-                         f"{type(value).__name__}")
-    return value
-
-
-def _header(path: Path) -> tuple[dict, dict]:
-    "A safetensors file's metadata and {name: (dtype, shape)}, without its tensors."
-    with open(path, "rb") as f:
-        zipped = f.read(4) == b"PK\x03\x04"
-    if zipped:  # torch.save's format: unpickling it could run code, so it is not read
-        raise ValueError(f"{path} is a torch.save (zip) file; checkpoints are "
-                         "safetensors files, which save_checkpoint writes")
-    try:
-        with safe_open(path, framework="pt") as f:
-            meta = f.metadata() or {}
-            layout = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
-                      for k in f.keys()}
-    except Exception as e:  # empty, truncated, not safetensors: the library's message
-        raise ValueError(f"{path} is not a readable checkpoint: {e}") from None
-    return meta, layout
-
-
-def _config(path, cfg_cls: type, fields: dict, n_tensors: int):
-    """`cfg_cls(**fields)`, refused (naming `path`) when it is invalid or claims more
-    layers than a file of `n_tensors` tensors can hold: checked before any model."""
-    try:
-        config = cfg_cls(**fields)
-    except (TypeError, ValueError) as e:
-        kind = TypeError if isinstance(e, TypeError) else ValueError
-        raise kind(f"{path} holds an invalid {cfg_cls.__name__}: {e}") from None
-    _check_layer_count(path, config, n_tensors)
-    return config
-
-
-def _check_layer_count(path, config, n_tensors: int) -> None:
-    """Raise unless the layers `config` claims (its `n_…layers` fields) could be backed
-    by a file of `n_tensors` tensors: every layer holds several. Building a model of
-    10⁷ layers takes minutes even on the meta device; this takes microseconds."""
-    layers = {k: v for k, v in asdict(config).items()
-              if k.startswith("n_") and k.endswith("layers")}
-    if sum(layers.values()) > n_tensors:
-        raise ValueError(f"{path}: its config claims {layers}, but the file holds "
-                         f"only {n_tensors} tensors")
-
-
-@contextmanager
-def _naming(path):
-    "Inside the block, a TypeError or ValueError that does not name `path` gets it."
-    try:
-        yield
-    except (TypeError, ValueError) as e:
-        if str(path) in str(e):
-            raise
-        kind = TypeError if isinstance(e, TypeError) else ValueError
-        raise kind(f"{path}: {e}") from e
-
-
-def _expected(path: Path, meta: dict, layout: dict) -> tuple:
-    "The class, config, {name: (floating?, shape)} and tied names the header describes."
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a minitransformer checkpoint (format "
-                         f"{meta.get('format')!r}, expected {FORMAT!r})")
-    if meta.get("model") not in _MODELS:
-        raise ValueError(f"{path} holds an unknown model {meta.get('model')!r}")
-    cls, cfg_cls = _MODELS[meta["model"]]
-    fields = _parse_json_object(meta.get("config", ""), f"{path}'s config")
-    config = _config(path, cfg_cls, fields, len(layout))
-    return (cls, config, *expected_layout(cls, config))
-
-
-def expected_layout(cls: type, config) -> tuple[dict, dict]:
-    """{name: (floating?, shape)} of `cls(config)`'s state dict and its tied names
-    ({name: the name it shares a parameter with}), without building that model: from
-    meta-device models with one and two layers per stack, whose layers repeat. The
-    cost does not grow with the layers a config claims (bound them first)."""
-    fields = [k for k in asdict(config) if k.startswith("n_") and k.endswith("layers")]
-    small = replace(config, **{f: 1 for f in fields})
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        one = cls(small)
-        layout, tied = _layout(one), _tied_parameters(one)
-        layers = {}  # a stack's prefix ('decoder.layers.') -> (its field, layer 0)
-        for f in fields:
-            two = _layout(cls(replace(small, **{f: 2})))
-            second = [k for k in two if k not in layout]  # the names of layer 1
-            parts = second[0].split(".")  # the index that is 1 here and 0 in `layout`
-            i = next(i for i, p in enumerate(parts) if p == "1" and ".".join(
-                parts[:i] + ["0"] + parts[i + 1:]) in layout)
-            prefix = ".".join(parts[:i]) + "."
-            layers[prefix] = f, {k[len(prefix) + 2:]: v for k, v in layout.items()
-                                 if k.startswith(prefix + "0.")}
-    assert not any(k.startswith(tuple(layers)) for k in tied), "tied inside a layer"
-    out = {k: v for k, v in layout.items() if not k.startswith(tuple(layers))}
-    for prefix, (f, layer) in layers.items():
-        for n in range(getattr(config, f)):
-            out |= {f"{prefix}{n}.{rest}": v for rest, v in layer.items()}
-    return out, tied
-
-
-def _tied_parameters(model: nn.Module) -> dict[str, str]:
-    "{name: the first name of the same parameter} for every parameter seen twice."
-    first, tied = {}, {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if p in first:
-            tied[name] = first[p]
-        else:
-            first[p] = name
-    return tied
-
-
-def _layout(model: nn.Module) -> dict:
-    "{name: (floating?, shape)} of `model`'s state dict."
-    return {k: (t.is_floating_point(), tuple(t.shape))
-            for k, t in model.state_dict().items()}
-
-
-def _check_layout(path: Path, meta: dict, layout: dict, shapes: dict,
-                  tied: dict) -> dict:
-    """Raise unless the file has every tensor `shapes` names, in that shape, with each
-    of the `tied` names stored once and named by an alias; return the aliases."""
-    aliases = _parse_json_object(meta.get("aliases", "{}"), f"{path}'s aliases")
-    pairs = lambda d: {frozenset(item) for item in d.items()}
-    if (not all(isinstance(v, str) for v in aliases.values())
-            or pairs(aliases) != pairs(tied)):  # (JSON's keys are strings)
-        raise ValueError(f"{path}: its aliases {aliases!r:.200} do not name its "
-                         f"config's tied weights {tied}")
-    stored = {k for k in layout if not k.startswith(_TRAIN)}
-    missing = sorted(shapes.keys() - stored - aliases.keys())
-    unexpected = sorted(stored - (shapes.keys() - aliases.keys()))
-    if missing or unexpected:
-        some = lambda names: f"{names[:5]}" + (f" and {len(names) - 5} more"
-                                               if len(names) > 5 else "")
-        raise ValueError(f"{path}: its tensors do not match its config: missing "
-                         f"{some(missing)}, unexpected {some(unexpected)}")
-    for name in sorted(stored):
-        dtype, shape = layout[name]
-        if shape != shapes[name][1]:
-            raise ValueError(f"{path}: {name} has shape {shape}, but the config "
-                             f"implies {shapes[name][1]}")
-        if dtype.startswith(("F", "BF")) != shapes[name][0]:
-            raise ValueError(f"{path}: {name} has dtype {dtype}, expected a "
-                             f"{'floating' if shapes[name][0] else 'integer'} tensor")
-    return aliases
-
-
-def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None:
-    "Raise unless `model` is the checkpoint's class, with its config and tensors."
-    if type(model).__name__ != kind:
-        raise ValueError(f"{path} holds a {kind}, but the model is a "
-                         f"{type(model).__name__}")
-    ours, theirs = asdict(model.config), asdict(config)
-    diff = sorted(k for k in ours.keys() | theirs.keys()
-                  if theirs.get(k) != ours.get(k))
-    if diff:
-        raise ValueError(f"{path}: the checkpoint's config does not match the model's: "
-                         + ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs model "
-                                     f"{ours.get(k)!r}" for k in diff))
-    have = _layout(model)
-    differ = sorted(k for k in have.keys() | shapes.keys()
-                    if have.get(k) != shapes.get(k))
-    if differ:  # e.g. a model changed after it was built
-        raise ValueError(f"{path}: the model's tensors differ from the checkpoint's "
-                         f"config: {differ[:5]}")
-
-# %% ../nbs/13_training.ipynb #ebb70840
-def load_checkpoint(path: str | Path, model: nn.Module | None = None,
-                    map_location: str | torch.device = "cpu",
-                    average: bool = False) -> nn.Module:
-    """Load a checkpoint into `model` (checked against its config) or a new model.
-    Everything is checked from the file's header before any model is built or
-    changed; `average=True` loads a training checkpoint's averaged weights instead
-    of its live ones."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    meta, layout = _header(path)
-    cls, config, shapes, tied = _expected(path, meta, layout)
-    aliases = _check_layout(path, meta, layout, shapes, tied)
-    if model is not None:
-        _check_fits(path, model, meta["model"], config, shapes)
-    names = [k for k in shapes if k not in aliases]
-    if average:
-        if not any(k.startswith(_TRAIN + "average/") for k in layout):
-            raise ValueError(f"{path} holds no weight average (average=True needs a "
-                             "checkpoint written by train(..., ema=...))")
-        names = [f"{_TRAIN}average/{k}" if f"{_TRAIN}average/{k}" in layout else k
-                 for k in names]
-    with safe_open(path, framework="pt", device="cpu") as f:
-        state = {k.removeprefix(f"{_TRAIN}average/"): f.get_tensor(k) for k in names}
-    if model is not None:
-        state |= {alias: state[target] for alias, target in aliases.items()}
-        model.load_state_dict(state)  # names, shapes and kinds are known to fit
-        return model
-    dtype = torch.get_default_dtype()  # what a freshly built model would hold
-    return model_from_state(cls, config, {k: v.to(map_location, dtype) if
-                                        v.is_floating_point() else v.to(map_location)
-                                        for k, v in state.items()})
-
-
-def model_from_state(cls: type, config, state: dict) -> nn.Module:
-    """`cls(config)` holding `state`'s tensors themselves: built on the meta device
-    (no memory, no random initialisation), then given the tensors (`assign=True`), so
-    the weights exist once. `state` must fit (checked by the caller); a tied weight
-    may appear under one of its names only, and is one parameter again afterwards."""
-    with torch.device("meta"):
-        model = cls(config)
-    tied = _tied_parameters(model)
-    state = dict(state)
-    for name, target in tied.items():
-        state.setdefault(name, state[target])
-    model.load_state_dict(state, assign=True)
-    for name, target in tied.items():  # assign made two parameters of one: tie again
-        owner, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(owner), leaf, model.get_parameter(target))
-    left = [k for k, t in model.state_dict().items() if t.is_meta]
-    assert not left, f"{cls.__name__} keeps tensors that no state dict holds: {left}"
-    return model
-
 # %% ../nbs/13_training.ipynb #0ba7615a
 def _train_state(model: nn.Module, opt: torch.optim.Optimizer,
                  average: WeightAverage | None, log: TrainLog, run: dict) -> tuple:
     "What resuming a run needs, as (tensors named 'train/…', JSON-able info)."
     names = {id(p): n for n, p in model.named_parameters()}
-    tensors = {f"{_TRAIN}optimizer/{names[id(p)]}/{key}": value
+    tensors = {f"{TRAIN_PREFIX}optimizer/{names[id(p)]}/{key}": value
                for p, state in opt.state.items() for key, value in state.items()}
     if average is not None:
-        tensors |= {f"{_TRAIN}average/{names[id(p)]}": a
+        tensors |= {f"{TRAIN_PREFIX}average/{names[id(p)]}": a
                     for p, a in zip(average.params, average.average)}
-    tensors[f"{_TRAIN}rng/cpu"] = torch.get_rng_state()
+    tensors[f"{TRAIN_PREFIX}rng/cpu"] = torch.get_rng_state()
     device = next(model.parameters()).device
     if device.type == "cuda":
-        tensors[f"{_TRAIN}rng/cuda"] = torch.cuda.get_rng_state(device)
-    tensors[f"{_TRAIN}log/losses"] = torch.tensor(log.losses, dtype=torch.float64)
-    tensors[f"{_TRAIN}log/lrs"] = torch.tensor(log.lrs, dtype=torch.float64)
+        tensors[f"{TRAIN_PREFIX}rng/cuda"] = torch.cuda.get_rng_state(device)
+    tensors[f"{TRAIN_PREFIX}log/losses"] = torch.tensor(log.losses, dtype=torch.float64)
+    tensors[f"{TRAIN_PREFIX}log/lrs"] = torch.tensor(log.lrs, dtype=torch.float64)
     info = {"step": log.steps, "seconds": log.seconds, "skipped": log.skipped,
             "evals": log.evals, "run": run}
     return tensors, info
@@ -525,8 +235,10 @@ def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
             average: WeightAverage | None, log: TrainLog, run: dict) -> None:
     """Restore a run saved by `_train_state` into `model`, `opt`, `average` and `log`.
     Everything is read and checked first: a file that does not fit changes nothing."""
-    meta, layout = _header(path)
-    saved = _read_train_state(path, meta, layout, model, opt, average)
+    names = {id(p): n for n, p in model.named_parameters()}
+    trained = {names[id(p)]: p for group in opt.param_groups for p in group["params"]}
+    averaged = None if average is None else [names[id(p)] for p in average.params]
+    saved = read_train_state(path, *read_header(path), trained, averaged)
     info = saved.pop("info")
     load_checkpoint(path, model)  # the live weights (class, config, shapes checked)
     opt.load_state_dict({"state": saved["optimizer"],  # from here nothing can fail
@@ -547,149 +259,48 @@ def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
         warnings.warn(f"resuming {path} with different {changed}: the run will not "
                       "follow the curve of an uninterrupted one", stacklevel=3)
 
-
-def _read_train_state(path: Path, meta: dict, layout: dict, model: nn.Module,
-                      opt: torch.optim.Optimizer,
-                      average: WeightAverage | None) -> dict:
-    "A training checkpoint's state, read into memory and checked against this run."
-    def fail(why: str) -> ValueError:
-        return ValueError(f"{path}: {why}")
-    if "train" not in meta:
-        raise fail("it holds no training state (save_checkpoint writes weights only; "
-                   "train(..., checkpoint=...) writes a run)")
-    info = _parse_json_object(meta["train"], f"{path}'s training state")
-    try:
-        step = int(info["step"])
-        missing = {"seconds", "skipped", "evals", "run"} - info.keys()
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise fail(f"its training state is damaged ({e!r})") from None
-    if missing:
-        raise fail(f"its training state is damaged (no {sorted(missing)})")
-    saved_average = any(k.startswith(f"{_TRAIN}average/") for k in layout)
-    if saved_average != (average is not None):
-        raise fail(f"the saved run had {'a' if saved_average else 'no'} weight "
-                   "average; resume it with the same ema")
-    names = {id(p): n for n, p in model.named_parameters()}
-    params = [p for group in opt.param_groups for p in group["params"]]
-    trained = {names[id(p)]: p for p in params}
-    need = {f"{_TRAIN}rng/cpu": None, f"{_TRAIN}log/lrs": (step,),
-            f"{_TRAIN}log/losses": (step,)}
-    if average is not None:
-        need |= {f"{_TRAIN}average/{n}": tuple(p.shape) for n, p in trained.items()}
-    for name, shape in need.items():
-        if name not in layout or shape not in (None, layout[name][1]):
-            raise fail(f"its training state lacks {name} of shape {shape}, or it was "
-                       "saved for other trainable parameters")
-    opt_names = {k.removeprefix(f"{_TRAIN}optimizer/").rsplit("/", 1)[0]
-                 for k in layout if k.startswith(f"{_TRAIN}optimizer/")}
-    if not opt_names <= trained.keys():
-        raise fail(f"it holds optimiser state for {sorted(opt_names - trained.keys())}"
-                   ", which are not trained now")
-    with safe_open(path, framework="pt", device="cpu") as f:
-        get = f.get_tensor
-        state = {}
-        for i, p in enumerate(params):
-            prefix = f"{_TRAIN}optimizer/{names[id(p)]}/"
-            found = {k.removeprefix(prefix): get(k) for k in layout
-                     if k.startswith(prefix) and "/" not in k.removeprefix(prefix)}
-            if any(v.shape != p.shape for key, v in found.items() if key != "step"):
-                raise fail(f"its optimiser state for {names[id(p)]} has other shapes")
-            if found:
-                state[i] = found
-        cuda = f"{_TRAIN}rng/cuda"
-        return {"info": info, "optimizer": state, "rng": get(f"{_TRAIN}rng/cpu"),
-                "rng_cuda": get(cuda) if cuda in layout and params[0].is_cuda else None,
-                "average": [get(f"{_TRAIN}average/{names[id(p)]}")
-                            for p in (average.params if average else [])],
-                "losses": get(f"{_TRAIN}log/losses").tolist(),
-                "lrs": get(f"{_TRAIN}log/lrs").tolist()}
-
 # %% ../nbs/13_training.ipynb #4550d5fa
-def _world() -> tuple[int, int]:
-    "This process's rank and the number of processes: (0, 1) outside torchrun."
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-class _Ranks:
-    """What `train` asks of the other processes under `torch.distributed` (torchrun);
-    in a single process it asks nothing and each method returns its input."""
-
-    def __init__(self, device: torch.device):
-        self.rank, self.size = _world()
-        self.on = self.size > 1
-        nccl = self.on and dist.get_backend() == "nccl"  # NCCL talks in CUDA tensors
-        if nccl and device.type != "cuda":
-            raise ValueError(f"the process group uses NCCL, which needs the model "
-                             f"on its rank's GPU, but its weights are on {device}: "
-                             "move it there (Rank.device), or join with "
-                             "distributed('gloo')")
-        self.device = device if nccl else torch.device("cpu")
+class SingleProcess:
+    """What `train` asks of the other processes training the same model — the
+    model to call, the clock, each one's share of the loss, means and decisions
+    taken together — answered for a single process: each method returns its input.
+    (Several processes: coming in chapter 14.)"""
+    rank, size = 0, 1  # this process's number, and the number of processes
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        "The model to call: DDP's wrapper (which all-reduces gradients) or `model`."
-        if not self.on:
-            return model
-        device = next(model.parameters()).device
-        ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        "The model `loss_fn` calls."
+        return model
 
     def seconds(self, seconds: float) -> float:
-        "Rank 0's training time, so every rank sees the same budget and learning rate."
-        if not self.on:
-            return seconds
-        t = torch.tensor([seconds], dtype=torch.float64, device=self.device)
-        dist.broadcast(t, src=0)
-        return t.item()
+        "The training time every process goes by."
+        return seconds
 
     def weighted(self, loss: torch.Tensor, count: int | None) -> torch.Tensor:
-        """A rank's mean loss over `count` targets, scaled so that DDP's average of the
-        ranks' gradients is the gradient of the mean over all ranks' targets. (A rank
-        that counts no target must still return a finite loss: `sequence_loss` gives
-        0 with a gradient.)"""
-        if not self.on or count is None:
-            return loss
-        total = torch.tensor([float(count)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(total)  # every rank's targets
-        if total.item() == 0:
-            return loss  # no rank counts a target
-        return loss * (count * self.size / total.item())
+        "This process's loss over `count` targets, weighted against the others'."
+        return loss
 
     def mean(self, values: torch.Tensor) -> list:
-        "The ranks' mean of `values`: NaN or inf on one rank reaches every rank."
-        if self.on:
-            values = values.to(self.device, torch.float64)
-            dist.all_reduce(values)
-            values = values / self.size
+        "The processes' mean of `values`, as Python floats."
         return values.tolist()
 
     def agree(self, flag: bool, what: str) -> bool:
-        "`flag`, checked to be the same on every rank (else a ValueError on `what`)."
-        if not self.on:
-            return flag
-        t = torch.tensor([float(flag), -float(flag)], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # (any rank True, any rank False)
-        if t[0].item() != -t[1].item():
-            raise ValueError(f"the ranks disagree on {what}: put it where every rank "
-                             "reads the same file")
+        "`flag`, the same in every process (else a ValueError naming `what`)."
         return flag
 
     def barrier(self) -> None:
-        if self.on:
-            dist.barrier()
+        "Wait until every process gets here."
 
 # %% ../nbs/13_training.ipynb #a84d18fa
 def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                  schedule, min_lr_ratio, weight_decay, betas, clip, ema, eval_fn,
                  eval_every, log_every, autocast_bf16, on_nonfinite, checkpoint,
-                 checkpoint_every, resume) -> dict:
+                 checkpoint_every, resume, processes) -> dict:
     "`train`'s arguments checked, as plain values; raise naming the first bad one."
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, DistributedDataParallel):
-        raise TypeError("pass the model itself: train wraps it in "
-                        "DistributedDataParallel when it runs under torchrun")
+        raise TypeError("pass the model itself: train(..., processes=DDPProcesses()) "
+                        "wraps it in DistributedDataParallel")
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model has no trainable parameters (requires_grad=True)")
     for name, fn in (("next_batch", next_batch), ("loss_fn", loss_fn)):
@@ -710,9 +321,17 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                             f"{type(checkpoint).__name__}")
         if not Path(checkpoint).parent.is_dir():
             raise ValueError(f"checkpoint {checkpoint}: its folder does not exist")
-        if type(model) not in [cls for cls, _ in _MODELS.values()]:
-            raise TypeError(f"checkpoints hold one of {list(_MODELS)}; model is a "
-                            f"{type(model).__name__}")
+        if type(model) not in [cls for cls, _ in MODEL_CLASSES.values()]:
+            raise TypeError(f"checkpoints hold one of {list(MODEL_CLASSES)}; model is "
+                            f"a {type(model).__name__}")
+    if processes is None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise ValueError("this process is one of several (torch.distributed): pass "
+                             "processes=DDPProcesses() (minitransformer.distributed) so "
+                             "that they train one model together")
+    elif not isinstance(processes, SingleProcess):
+        raise TypeError(f"processes must be a SingleProcess (or a DDPProcesses), got "
+                        f"{type(processes).__name__}")
 
     def maybe(value, check, name, **kw):  # None stays None: the option is off
         return None if value is None else check(value, name, **kw)
@@ -735,7 +354,8 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
         checkpoint=None if checkpoint is None else Path(checkpoint),
         checkpoint_every=maybe(checkpoint_every, check_positive_int,
                                "checkpoint_every"),
-        resume=check_flag(resume, "resume"))
+        resume=check_flag(resume, "resume"),
+        processes=processes or SingleProcess())
 
 
 def _run_args(a: dict) -> dict:
@@ -751,17 +371,6 @@ def _progress(log: TrainLog, seconds: float, a: dict) -> float:
                seconds / a["max_seconds"] if a["max_seconds"] else 0.0)
 
 
-def _grad_norm(params: list, clip: float | None) -> torch.Tensor:
-    "The gradients' total norm, before clipping them to `clip` (when given)."
-    if clip is not None:
-        return nn.utils.clip_grad_norm_(params, clip)
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
-                                                 for g in grads]))
-
-
 def _check_loss(out) -> tuple[torch.Tensor, int | None]:
     """`loss_fn`'s result as (loss, count): a scalar tensor with a gradient, alone or
     with the number of targets its mean is over (a count ≥ 0); else raise."""
@@ -769,7 +378,7 @@ def _check_loss(out) -> tuple[torch.Tensor, int | None]:
     if count is not None:
         ok = (isinstance(count, numbers.Integral) and not isinstance(count, bool)
               or isinstance(count, torch.Tensor) and count.dim() == 0
-              and not count.is_floating_point() and count.dtype != torch.bool)
+              and is_integer_tensor(count))
         if not ok:
             raise TypeError(f"loss_fn may return (loss, count), count an int >= 0 "
                             f"(the targets the loss averages over), got {count!r}")
@@ -818,6 +427,7 @@ def train(model: nn.Module,
           checkpoint: str | Path | None = None,  # save the run here at the end ...
           checkpoint_every: int | None = None,  # ... and every this many steps
           resume: bool = False,  # continue the run saved at `checkpoint`, if any
+          processes: SingleProcess | None = None,  # several: DDPProcesses (chapter 14)
           ) -> TrainLog:
     """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient
     clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
@@ -825,17 +435,17 @@ def train(model: nn.Module,
     weight: it raises `FloatingPointError`, or is skipped (counted in `log.skipped`).
     `resume` continues exactly where `next_batch(step)` depends on the step alone.
 
-    Under torchrun (see `distributed`), each process calls `next_batch` for its own
-    share of the batch and `loss_fn` with DistributedDataParallel's wrapper, which it
-    must call once per step, giving every trainable weight a gradient; the gradients
-    are averaged, so every rank takes the same steps. `loss_fn` may return
+    With `processes=DDPProcesses()` under torchrun, each process calls `next_batch`
+    for its own share of the batch and `loss_fn` with DistributedDataParallel's
+    wrapper, which it must call once per step, giving every trainable weight a
+    gradient; the gradients are averaged, so every rank takes the same steps. `loss_fn` may return
     `(loss, count)` to have each rank's mean weighted by its number of targets. Rank 0
     alone prints, evaluates and saves; the time budget is rank 0's clock."""
     a = _check_train(**locals())
     if a["steps"] == 0 or a["max_seconds"] == 0:
         return TrainLog()  # an empty budget: nothing to do
     params = [p for p in model.parameters() if p.requires_grad]
-    ranks = _Ranks(params[0].device)  # one process, or one of torchrun's
+    ranks = a["processes"]  # one process, or one of torchrun's
     net = ranks.wrap(model)  # DDP copies rank 0's weights to every rank
     opt = _adamw(params, a["lr"], a["betas"], a["weight_decay"])
     average = None if a["ema"] is None else WeightAverage(params, a["ema"], "ema")
@@ -859,7 +469,8 @@ def train(model: nn.Module,
         nonlocal saved_at
         log.seconds, saved_at = clock(), log.steps
         with clock.paused():
-            _save(model, a["checkpoint"], *_train_state(model, opt, average, log, run))
+            save_checkpoint(model, a["checkpoint"],
+                            *_train_state(model, opt, average, log, run))
 
     def seconds() -> float:  # rank 0's clock: the same budget on every rank
         return ranks.seconds(clock()) if a["max_seconds"] else clock()
@@ -875,7 +486,8 @@ def train(model: nn.Module,
             loss = ranks.weighted(*_check_loss(loss_fn(net, next_batch(log.steps))))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = _grad_norm(params, a["clip"])  # clipped to `clip` if given
+        norm = nn.utils.clip_grad_norm_(  # the norm before clipping (inf: none)
+            params, math.inf if a["clip"] is None else a["clip"])
         values = ranks.mean(torch.stack([loss.detach().float(),  # 1 sync
                                          norm.float().to(loss.device)]))
         log.steps += 1
@@ -901,77 +513,3 @@ def train(model: nn.Module,
         _load(params, average.average)  # the model keeps the averaged weights
     model.eval()
     return log
-
-# %% ../nbs/13_training.ipynb #18c58b19
-class Rank(NamedTuple):
-    "This process's place among torchrun's: its rank, their number, its device."
-    rank: int  # 0 .. world_size - 1; rank 0 prints, evaluates and saves
-    world_size: int  # processes in the run
-    local_rank: int  # its number on this machine (its GPU)
-    device: torch.device
-
-
-@contextmanager
-def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL given GPUs
-    """Join the processes `torchrun` started (it sets RANK, WORLD_SIZE, LOCAL_RANK and
-    the rendezvous address): NCCL with one GPU per process where there is a GPU for
-    every process, else gloo on the CPU. Yields this process's `Rank`; leaves the
-    group at the end.
-    Started without torchrun: `Rank(0, 1, 0, default_device())`, nothing to join."""
-    if backend is not None:
-        check_choice(backend, "backend", ("gloo", "nccl"))
-    if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`
-        yield Rank(0, 1, 0, default_device())
-        return
-    env = {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    if not all(v.isdigit() for v in env.values()):
-        raise RuntimeError(f"the torchrun environment is incomplete: {env}")
-    rank, size, local = (int(v) for v in env.values())
-    if dist.is_initialized():
-        raise RuntimeError("this process already belongs to a process group; "
-                           "use distributed() once, around the whole run")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = backend or ("nccl" if local < gpus else "gloo")
-    if backend == "nccl" and local >= gpus:
-        raise ValueError(f"backend 'nccl' needs a GPU per process, but process "
-                         f"{local} on this machine sees {gpus} GPU(s): start fewer "
-                         "processes per machine, or use backend='gloo'")
-    device = torch.device("cpu")
-    if backend == "nccl":
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, rank=rank, world_size=size)
-    try:
-        yield Rank(rank, size, local, device)
-    finally:
-        dist.destroy_process_group()
-
-
-def shard_batch(batch: torch.Tensor | tuple | list,  # tensors with the batch first
-                rank: int | None = None,  # default: this process's rank
-                world_size: int | None = None,  # default: the processes in the run
-                ) -> torch.Tensor | tuple:
-    """This rank's share of a global batch: rows `rank·b .. (rank+1)·b - 1` of each
-    tensor, `b = B / world_size`. Every rank draws the same global batch and keeps
-    its rows, so N ranks see exactly the windows one process would."""
-    here = _world()
-    rank = here[0] if rank is None else rank
-    size = check_positive_int(here[1] if world_size is None else world_size,
-                              "world_size")
-    rank = check_int(rank, "rank", minimum=0)
-    if rank >= size:
-        raise ValueError(f"rank must be in [0, {size}), got {rank}")
-    single = isinstance(batch, torch.Tensor)
-    parts = (batch,) if single else batch
-    if not isinstance(parts, (tuple, list)) or not parts or not all(
-            isinstance(t, torch.Tensor) and t.dim() >= 1 for t in parts):
-        raise TypeError("batch must be a tensor or a tuple of tensors, each with the "
-                        f"batch as its first dimension, got {type(batch).__name__}")
-    B = parts[0].shape[0]
-    if any(t.shape[0] != B for t in parts) or B % size:
-        raise ValueError(f"every tensor of the batch needs the same first dimension, "
-                         f"divisible by world_size={size}; got "
-                         f"{[tuple(t.shape) for t in parts]}")
-    b = B // size
-    out = tuple(t[rank * b : (rank + 1) * b] for t in parts)
-    return out[0] if single else out

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from torch import nn
 
 from .core import check_tensor, shape_str
+from .multihead import MultiHeadAttention
 
 # %% auto #0
-__all__ = ['attention_heatmap']
+__all__ = ['attention_heatmap', 'attention_weights']
 
 # %% ../nbs/90_viz.ipynb #6ff0cc9c
 def _pyplot():
@@ -65,3 +67,31 @@ def attention_heatmap(
     if title:
         ax.set_title(title)
     return ax
+
+# %% ../nbs/90_viz.ipynb #a356c826
+def attention_weights(model: nn.Module,  # a model with MultiHeadAttention `self_attn`s
+                      *args, **kwargs,  # what `model` is called with (no cache)
+                      ) -> torch.Tensor:  # (L, B, H, T, S) every layer's weights
+    """Run `model(*args, **kwargs)` once and return the weights of every self-attention
+    layer, in the order the layers ran, stacked `(L, B, H, T, S)`; each layer's are
+    recomputed from its inputs by the explicit path (`forward_with_weights`)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if kwargs.get("cache") is not None:
+        raise ValueError("attention_weights runs without a cache: pass cache=None")
+    found = []
+    def keep(module, a, kw, output):
+        found.append(module.forward_with_weights(*a, **kw)[1])  # (B, H, T, S)
+    hooks = [m.register_forward_hook(keep, with_kwargs=True)
+             for name, m in model.named_modules()
+             if isinstance(m, MultiHeadAttention) and name.endswith("self_attn")]
+    if not hooks:
+        raise ValueError(f"model ({type(model).__name__}) has no self-attention "
+                         f"layers named self_attn")
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(found)

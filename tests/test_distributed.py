@@ -32,8 +32,9 @@ from torch.nn.parallel import DistributedDataParallel
 from minitransformer.core import default_device
 from minitransformer.data import shakespeare_split
 from minitransformer.embeddings import Tokenizer
-from minitransformer.training import (
-    Rank, distributed, load_checkpoint, sequence_loss, shard_batch, train)
+from minitransformer.checkpoints import load_checkpoint
+from minitransformer.distributed import DDPProcesses, Rank, distributed, shard_batch
+from minitransformer.training import SingleProcess, sequence_loss, train
 
 pytestmark = pytest.mark.timeout(300)  # the launches have their own timeout (below)
 
@@ -61,8 +62,8 @@ import torch.distributed as dist
 
 from minitransformer.data import char_windows
 from minitransformer.model import GPT, GPTConfig
-from minitransformer.training import (
-    distributed, sequence_loss, shard_batch, train)
+from minitransformer.distributed import DDPProcesses, distributed, shard_batch
+from minitransformer.training import sequence_loss, train
 
 WORLD, B, T, STEPS = 2, 4, 32, 8  # ranks, rows per rank, context, steps
 PAD = 0  # the tokenizer's pad_id: a target that does not count
@@ -115,7 +116,8 @@ def fit(data: torch.Tensor, loss_fn=lm_loss, pad: bool = False,
     model = small_gpt(int(data.max()) + 1, seed=rank if seed_by_rank else 0)
     make = padded if pad else windows
     log = train(model, lambda step: shard_batch(make(data, step)), loss_fn,
-                **{"steps": STEPS, "lr": 3e-3, "warmup": 2, "log_every": 0} | kw)
+                **{"steps": STEPS, "lr": 3e-3, "warmup": 2, "log_every": 0} | kw,
+                processes=DDPProcesses())
     return {"weights": {k: v.clone() for k, v in model.state_dict().items()},
             "losses": log.losses, "lrs": log.lrs, "steps": log.steps,
             "skipped": log.skipped, "evals": log.evals}
@@ -165,7 +167,8 @@ if __name__ == "__main__":
 CRASH = '''
 import torch
 from torch import nn
-from minitransformer.training import distributed, train
+from minitransformer.distributed import DDPProcesses, distributed
+from minitransformer.training import train
 
 with distributed("gloo") as r:
     torch.manual_seed(0)
@@ -178,7 +181,8 @@ with distributed("gloo") as r:
         return net(batch).square().mean()
 
     loss_fn.calls = 0
-    train(model, lambda step: x, loss_fn, steps=10_000, warmup=0, log_every=0)
+    train(model, lambda step: x, loss_fn, steps=10_000, warmup=0, log_every=0,
+          processes=DDPProcesses())
     print(f"rank {r.rank} trained to the end", flush=True)
 '''
 
@@ -425,5 +429,21 @@ def test_train_refuses_a_ddp_wrapped_model(tmp_path, monkeypatch):
         with pytest.raises(TypeError, match="pass the model itself"):
             train(wrapped, lambda s: (xs, ys),
                   lambda m, b: F.mse_loss(m(b[0]), b[1]), steps=1)
+        with pytest.raises(TypeError, match="processes must be a SingleProcess"):
+            train(nn.Linear(3, 1), lambda s: (xs, ys),
+                  lambda m, b: F.mse_loss(m(b[0]), b[1]), steps=1, processes="ddp")
     finally:
         dist.destroy_process_group()
+
+
+def test_one_process_answers_as_itself():
+    "`DDPProcesses` outside a process group answers as `SingleProcess`: the same steps."
+    xs, ys = torch.randn(4, 3), torch.randn(4, 1)
+    ends = []
+    for processes in (None, SingleProcess(), DDPProcesses()):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        train(model, lambda s: (xs, ys), lambda m, b: F.mse_loss(m(b[0]), b[1]),
+              steps=3, warmup=0, log_every=0, processes=processes)
+        ends.append(model.state_dict())
+    assert all(identical(ends[0], e) for e in ends[1:])

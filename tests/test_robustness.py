@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-import minitransformer.training as training
 from minitransformer.data import char_windows
 from minitransformer.generation import generate, sample_next
 from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
-from minitransformer.training import (
-    FORMAT, load_checkpoint, save_checkpoint, sequence_loss, train)
+import minitransformer.checkpoints as checkpoints
+from minitransformer.checkpoints import FORMAT, load_checkpoint, save_checkpoint
+from minitransformer.training import sequence_loss, train
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -206,14 +206,14 @@ def test_a_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
     path = tmp_path / "m.safetensors"
     save_checkpoint(GPT(CFG), path)
     good = path.read_bytes()
-    real = training.save_file
+    real = checkpoints.save_file
 
     def half_then_fail(tensors, filename, metadata=None):
         real(tensors, filename, metadata=metadata)
         with open(filename, "r+b") as f:
             f.truncate(100)  # half-written
         raise KeyboardInterrupt  # Ctrl-C before the write completes
-    monkeypatch.setattr(training, "save_file", half_then_fail)
+    monkeypatch.setattr(checkpoints, "save_file", half_then_fail)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(GPT(CFG), path)
     assert path.read_bytes() == good
@@ -376,7 +376,7 @@ def test_checkpoints_get_the_usual_file_mode(tmp_path):
 def test_a_zip_signature_inside_the_tensors_does_not_confuse_the_loader(tmp_path):
     model = GPT(CFG)
     marker = torch.tensor(list(b"PK\x05\x06") + [0] * 18, dtype=torch.uint8)
-    training._save(model, tmp_path / "m", {"train/rng/cpu": marker}, None)
+    save_checkpoint(model, tmp_path / "m", {"train/rng/cpu": marker})
     assert same(weights(load_checkpoint(tmp_path / "m")), weights(model))
 
 

@@ -5,7 +5,7 @@ import torch
 
 from minitransformer.model import TextEncoder, TextEncoderConfig
 from minitransformer.pretrained import bert_rules
-from minitransformer.training import load_checkpoint, save_checkpoint
+from minitransformer.checkpoints import load_checkpoint, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

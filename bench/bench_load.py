@@ -16,7 +16,8 @@ from pathlib import Path
 
 CHILD = r"""
 import resource, sys
-from minitransformer.pretrained import load_folder, load_gguf
+from minitransformer.gguf import load_gguf
+from minitransformer.pretrained import load_folder
 loader, path = {"gguf": load_gguf, "folder": load_folder}[sys.argv[1]], sys.argv[2]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 model = loader(path).model

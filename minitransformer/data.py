@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from .core import (
-    check_choice, check_int, check_positive_int, check_tensor, shape_str)
+from minitransformer.core import (
+    check_choice, check_int, check_positive_int, check_tensor, is_integer_tensor,
+    shape_str)
 from .embeddings import Tokenizer
 from .generation import generate
 from .model import Transformer
@@ -168,7 +169,7 @@ class DateTask:
         """Source ids `(B, S)`, 0-padded, and target ids `(B, 12)`: `<bos>`, 10
         characters, `<eos>`; `pairs` are B >= 1 (source text, ISO date) pairs."""
         _check_pairs(pairs)
-        src, _ = self.source_tok.encode_batch([s for s, _ in pairs])
+        src, _ = self.source_tok.encode_batch([s for s, _ in pairs])  # ids, mask
         tgt, _ = self.target_tok.encode_batch([t for _, t in pairs], add_bos=True,
                                               add_eos=True)
         return src, tgt
@@ -274,7 +275,7 @@ def char_windows(data: torch.Tensor,  # (N,) token ids of one long text
     context = check_positive_int(context, "context")
     batch_size = check_positive_int(batch_size, "batch_size")
     check_tensor(data, "data")
-    if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
+    if not is_integer_tensor(data):
         raise TypeError(f"data must be integer token ids, got dtype {data.dtype}")
     if data.dim() != 1 or len(data) <= context:
         raise ValueError(f"data must be 1-D integer token ids, longer than "

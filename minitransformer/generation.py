@@ -9,7 +9,8 @@ import torch
 
 from .core import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
-    check_tensor, door, inside, shape_str)
+    check_tensor, door, inside, is_integer_tensor, shape_str)
+from .embeddings import pad_ids
 from .model import GPT, Transformer
 
 # %% auto #0
@@ -81,7 +82,7 @@ def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor
 def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
     "`prompts` as B non-empty lists of ids in [0, vocab_size); else raise naming it."
     if isinstance(prompts, torch.Tensor):
-        if prompts.dim() != 2 or prompts.is_floating_point():
+        if prompts.dim() != 2 or not is_integer_tensor(prompts):
             raise ValueError(f"{name} as a tensor must be integer (B, T), got "
                              f"{prompts.dtype} of shape {shape_str(prompts)}")
         prompts = prompts.tolist()
@@ -100,13 +101,12 @@ def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
 
 
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
-    "Ids `(B, total)`, each prompt ending at column P; its real-token mask; positions."
-    B, P = len(rows), max(map(len, rows))
-    ids = torch.full((B, total), pad, dtype=torch.long, device=device)
-    real = torch.zeros(B, total, dtype=torch.bool, device=device)  # which hold tokens
-    for b, r in enumerate(rows):
-        ids[b, P - len(r) : P] = torch.tensor(r, device=device)
-        real[b, P - len(r) : P] = True
+    """Ids `(B, total)`, each prompt ending at column P (the longest prompt's length)
+    and `pad` after it; the real-token mask; positions from each row's first token."""
+    ids, real = pad_ids(rows, pad, left=True)  # (B, P) each
+    (B, P), more = ids.shape, total - ids.shape[1]  # more: columns for new tokens
+    ids = torch.cat([ids, ids.new_full((B, more), pad)], 1).to(device)
+    real = torch.cat([real, real.new_zeros(B, more)], 1).to(device)  # which hold tokens
     offset = torch.tensor([P - len(r) for r in rows], device=device)  # left padding
     positions = torch.arange(total, device=device)[None, :] - offset[:, None]
     return ids, real, positions.clamp(min=0)  # counted from each row's first token
@@ -156,10 +156,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         src_rows = _as_rows(source, "source", c.src_vocab_size)
         if len(src_rows) != B:
             raise ValueError(f"{B} prompts but {len(src_rows)} sources")
-        S = max(map(len, src_rows))
-        src = torch.full((B, S), model.config.pad_id, device=device)  # right-padded
-        for b, r in enumerate(src_rows):
-            src[b, : len(r)] = torch.tensor(r, device=device)
+        src = pad_ids(src_rows, model.config.pad_id)[0].to(device)  # right-padded
         memory, source_mask = model.encode(src)
     cache, static = None, backend is not None
     if use_cache and encdec:

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .core import (
-    check_flag, check_int, check_positive_int, check_tensor, door, shape_str)
-from .layers import Decoder, _check_room
+    check_dtype, check_flag, check_float_dtype, check_int, check_positive_int,
+    check_tensor, door, shape_str)
+from .layers import Decoder
 
 # %% auto #0
 __all__ = ['KVCache', 'DecoderCache']
@@ -34,8 +35,7 @@ class KVCache:
         for name, n in (("batch_size", batch_size), ("n_kv_heads", n_kv_heads),
                         ("max_len", max_len), ("head_dim", head_dim)):
             check_positive_int(n, name)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        check_float_dtype(dtype, allow_none=False)
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H_kv, max_len, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -104,6 +104,13 @@ class KVCache:
                 f"dtype={self.k.dtype}, device={self.k.device}{static})")
 
 # %% ../nbs/10_kv_cache.ipynb #76b0c7b4
+def _check_room(past: int, T: int, max_len: int) -> None:
+    "Raise unless T new positions fit after `past` cached ones in a cache of `max_len`."
+    if past + T > max_len:
+        raise ValueError(f"KV cache overflow: {past} positions cached + {T} new > "
+                         f"max_len {max_len}; allocate a longer cache")
+
+
 def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     "Raise unless new keys `k` and values `v` `(B, H, T, D)` fit a cache `buffer`."
     B, H, _, D = buffer.shape
@@ -120,12 +127,11 @@ def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                          "same number of positions")
 
 # %% ../nbs/10_kv_cache.ipynb #3f958e4a
-def _check_memory(memory, cache: KVCache, d_model: int) -> None:
+def _check_cross_source(memory, cache: KVCache, d_model: int) -> None:
     "Raise unless `memory` `(B, S, C)` fits a cross-attention cache."
     check_tensor(memory, "memory", floating=True)
-    if memory.dtype != cache.k.dtype:
-        raise TypeError(f"memory has dtype {memory.dtype}, but the cache holds "
-                        f"{cache.k.dtype}: convert one with .to()")
+    check_dtype(memory, "memory", cache.k.dtype, "the cache's keys and values",
+                autocast_ok=False)
     B, _, S_max, _ = cache.k.shape
     if memory.dim() != 3 or memory.shape[0] != B or memory.shape[-1] != d_model:
         raise ValueError(f"memory must be (B, S, C) = ({B}, S, {d_model}) for this "
@@ -215,7 +221,8 @@ class DecoderCache:
         if any(len(c) for c in self.cross_attn):
             raise ValueError("the cross-attention caches are already filled; "
                              "reset() to start over")
-        _check_memory(memory, self.cross_attn[0], decoder.layers[0].cfg.d_model)
+        _check_cross_source(memory, self.cross_attn[0],
+                            decoder.layers[0].cfg.d_model)
         try:
             for layer, c in zip(decoder.layers, self.cross_attn):
                 c.update(*layer.cross_attn.context_keys_values(memory))
@@ -223,6 +230,34 @@ class DecoderCache:
             for c in self.cross_attn:
                 c.reset()
             raise
+
+    def check_fits(self, decoder: Decoder, B: int, T: int, memory=None) -> int:
+        """Raise unless this cache fits `decoder` (a stack) for T new tokens of B
+        sequences and the encoder output `memory` (None when the cache holds its keys
+        and values); return how many key positions self-attention then reads."""
+        cross, n = self.cross_attn, len(decoder.layers)
+        if not decoder.cross_attention and cross is not None:
+            raise ValueError("this stack has no cross-attention, but the cache has "
+                             "cross-attention caches: make it with this model's "
+                             "make_cache")
+        if decoder.cross_attention and cross is None and memory is None:
+            raise ValueError("this stack's cross-attention needs the encoder output "
+                             "`memory`, or a cache whose cross-attention part is "
+                             "filled from it (make_cache(memory))")
+        if cross is not None:
+            if memory is not None:
+                raise ValueError("the cache already holds the cross-attention keys "
+                                 "and values of the encoder output: pass memory=None")
+            if any(len(c) == 0 for c in cross):
+                raise ValueError("the cache's cross-attention part is empty: fill it "
+                                 "first with the encoder output's keys and values "
+                                 "(fill_cross_attention)")
+        if len(self.self_attn) != n or len(cross or [None] * n) != n:
+            raise ValueError(f"the cache has {len(self.self_attn)} layers' caches for "
+                             f"a stack of {n} layers")
+        _check_allocation(self.self_attn + list(cross or []), decoder.layers[0], B)
+        _check_room(self.length, T, self.max_len)
+        return self.max_len if self.static else self.length + T
 
     def __len__(self) -> int:
         "Tokens processed so far (every layer's self-attention cache holds as many)."
@@ -251,3 +286,15 @@ class DecoderCache:
         if check_int(length, "length", minimum=0) > self.length:
             raise ValueError(f"length must be in [0, {self.length}], got {length}")
         self.length = length
+
+
+def _check_allocation(caches: list, layer, B: int) -> None:
+    "Raise unless each cache was allocated for this layer's stack, B, dtype, device."
+    attn, w = layer.self_attn, layer.ff_norm.weight
+    want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
+    for c in caches:
+        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
+        if got != want:
+            raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
+                             f"dtype, device) = {got}, but this call needs {want}: "
+                             "make it with the model's make_cache")

@@ -11,12 +11,12 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .attention import check_mask
-from .core import (
-    broadcast_shape, check_bool_mask, check_choice, check_dropout, check_flag,
-    check_number, check_positive_int, check_tensor, door, inside, shape_str)
+from minitransformer.core import (
+    broadcast_shape, check_bool_mask, check_choice, check_dropout, check_dtype,
+    check_flag, check_float_dtype, check_number, check_positive_int, check_tensor, door,
+    inside, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
-from .multihead import MultiHeadAttention, default_positions
-from .qkv import _autocast_on, _check_float_dtype
+from .multihead import MultiHeadAttention, check_heads, default_positions
 
 # %% auto #0
 __all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'DecoderLayer', 'Encoder', 'Decoder']
@@ -33,12 +33,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.d_model = check_positive_int(d_model, "d_model")
         self.eps = check_number(eps, "eps", low=0, low_open=True)
-        _check_float_dtype(dtype)
+        check_float_dtype(dtype)
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not door.checked:  # (chapter 0: checked once, at the door)
-            _check_width(x, "x", self.d_model)
+            _check_norm_input(x, "x", self.d_model)
         if _FUSED_RMS_NORM and x.is_cuda:  # torch's rms_norm (one fused kernel on
             # recent CUDA builds); on the CPU it runs the steps below, no faster
             return F.rms_norm(x.float(), (self.d_model,), self.weight.float(),
@@ -97,13 +97,13 @@ def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=Non
     check_choice(kind, "kind", NORMS)
     d_model = check_positive_int(d_model, "d_model")
     eps, bias = check_number(eps, "eps", low=0, low_open=True), check_flag(bias, "bias")
-    _check_float_dtype(dtype)
+    check_float_dtype(dtype)
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
     return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
 
 
-def _check_width(x, name: str, width: int) -> None:
+def _check_norm_input(x, name: str, width: int) -> None:
     "Raise unless `x` is a floating tensor `(..., width)`."
     check_tensor(x, name, min_dim=1, floating=True)
     if x.shape[-1] != width:
@@ -129,18 +129,12 @@ class LayerConfig:
         "Check every field once, and store each as a plain Python value."
         self._check("d_model", check_positive_int)
         self._check("n_heads", check_positive_int)
-        if self.n_kv_heads is None:  # plain multi-head attention: one K/V per head
-            object.__setattr__(self, "n_kv_heads", self.n_heads)
-        self._check("n_kv_heads", check_positive_int)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads "
-                             f"({self.n_heads})")
+        # n_heads divides d_model, n_kv_heads (None: one K/V per head) divides n_heads
+        object.__setattr__(self, "n_kv_heads",
+                           check_heads(self.d_model, self.n_heads, self.n_kv_heads))
         if self.d_ff is None:  # resolved once, so the stored config says what was built
             object.__setattr__(self, "d_ff", 4 * self.d_model)
         self._check("d_ff", check_positive_int)
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by "
-                             f"n_heads ({self.n_heads})")
         self._check("activation", check_choice, ACTIVATIONS)
         self._check("norm", check_choice, NORMS)
         self._check("norm_eps", check_number, low=0, low_open=True)
@@ -200,10 +194,7 @@ class _Sublayers(nn.Module):
         if x.shape[-1] != self.cfg.d_model:
             raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) "
                              f"but the layer has d_model={self.cfg.d_model}")
-        dtype = self.ff_norm.weight.dtype
-        if x.dtype != dtype and not _autocast_on(x.device.type):
-            raise TypeError(f"{name} has dtype {x.dtype}, but the layer's weights are "
-                            f"{dtype}: convert one with .to()")
+        check_dtype(x, name, self.ff_norm.weight.dtype, "the layer's weights")
 
 
 class EncoderLayer(_Sublayers):
@@ -228,7 +219,7 @@ class EncoderLayer(_Sublayers):
         return self._residual(x, self.ff_norm, self.ff)
 
 # %% ../nbs/09_layers.ipynb #f1cab049
-def _check_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> None:
+def _check_cross_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> None:
     "Raise unless `memory` matches `x`'s batch and `memory_mask` its S positions."
     if isinstance(memory, torch.Tensor) and memory.shape[0] != x.shape[0]:
         raise ValueError(f"memory {shape_str(memory)} must have the batch size of x "
@@ -294,8 +285,8 @@ class DecoderLayer(_Sublayers):
         if memory is not None:
             self._check_x(memory, "memory")
         if self.cross_attn is not None:
-            _check_memory(cross_cache if memory is None else memory, memory_mask, x,
-                          self.cross_attn.n_heads)
+            _check_cross_memory(cross_cache if memory is None else memory, memory_mask,
+                                x, self.cross_attn.n_heads)
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
@@ -349,27 +340,6 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 # %% ../nbs/09_layers.ipynb #4b487aef
-def _check_cache_shape(caches: list, layer: nn.Module, B: int) -> None:
-    "Raise unless every cache was allocated for this stack, batch, dtype and device."
-    attn, w = layer.self_attn, layer.ff_norm.weight
-    want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
-    for c in caches:
-        if c is None:
-            continue
-        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
-        if got != want:
-            raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
-                             f"dtype, device) = {got}, but this call needs {want}: "
-                             "make it with the model's make_cache")
-
-
-def _check_room(past: int, T: int, max_len: int) -> None:
-    "Raise unless T new positions fit after `past` cached ones in a cache of `max_len`."
-    if past + T > max_len:
-        raise ValueError(f"KV cache overflow: {past} positions cached + {T} new > "
-                         f"max_len {max_len}; allocate a longer cache")
-
-
 class Decoder(nn.Module):
     """`n_layers` decoder layers and, for pre-norm, a final norm:
     `(B, T, C) → (B, T, C)`.
@@ -409,7 +379,7 @@ class Decoder(nn.Module):
     def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):
         "Raise unless the arguments of `forward` fit this stack and each other."
         self.layers[0]._check_x(x)
-        keys = _check_decoder_cache(self, cache, x.shape[0], x.shape[-2], memory)
+        keys = self.check_cache(cache, x.shape[0], x.shape[-2], memory)
         check_flag(is_causal, "is_causal")
         _check_stack_args(self, x, mask, positions, keys)
         cross = None if cache is None or cache.cross_attn is None else cache.cross_attn
@@ -417,33 +387,13 @@ class Decoder(nn.Module):
                                           None if cross is None else cross[0])
 
 
-def _check_decoder_cache(stack: Decoder, cache, B: int, T: int, memory) -> int:
-    """Raise unless `cache` (None or a DecoderCache) fits `stack` for T new tokens of
-    B sequences; return how many key positions self-attention then reads."""
-    if cache is None:
-        return T
-    if not isinstance(getattr(cache, "self_attn", 0), list):
-        raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
-                        f"{type(cache).__name__}")
-    past, cross, n = len(cache), cache.cross_attn, len(stack.layers)
-    if not stack.cross_attention and cross is not None:
-        raise ValueError("this stack has no cross-attention, but the cache has "
-                         "cross-attention caches: make it with this model's make_cache")
-    if stack.cross_attention and cross is None and memory is None:
-        raise ValueError("this stack's cross-attention needs the encoder output "
-                         "`memory`, or a cache whose cross-attention part is filled "
-                         "from it (make_cache(memory))")
-    if cross is not None:
-        if memory is not None:
-            raise ValueError("the cache already holds the cross-attention keys and "
-                             "values of the encoder output: pass memory=None")
-        if any(len(c) == 0 for c in cross):
-            raise ValueError("the cache's cross-attention part is empty: fill it "
-                             "first with the encoder output's keys and values "
-                             "(fill_cross_attention)")
-    if len(cache.self_attn) != n or len(cross or [None] * n) != n:
-        raise ValueError(f"the cache has {len(cache.self_attn)} layers' caches for a "
-                         f"stack of {n} layers")
-    _check_cache_shape(cache.self_attn + list(cross or []), stack.layers[0], B)
-    _check_room(past, T, cache.max_len)
-    return cache.max_len if cache.static else past + T
+    def check_cache(self, cache, B: int, T: int, memory=None) -> int:
+        """Raise unless `cache` is None or a `DecoderCache` (coming in chapter 10) that
+        fits this stack for T new tokens of B sequences (and `memory`); return how
+        many key positions self-attention then reads."""
+        if cache is None:
+            return T
+        if not callable(getattr(cache, "check_fits", None)):
+            raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
+                            f"{type(cache).__name__}")
+        return cache.check_fits(self, B, T, memory)

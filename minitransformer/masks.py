@@ -10,7 +10,8 @@ from .core import (
     check_tensor, door, is_integer_tensor, shape_str)
 
 # %% auto #0
-__all__ = ['causal_mask', 'padding_mask', 'padding_mask_from_ids', 'combine_masks', 'additive_mask', 'to_torch_mask']
+__all__ = ['causal_mask', 'padding_mask', 'padding_mask_from_ids', 'combine_masks', 'padding_mask_from_real', 'decoder_mask',
+           'check_decoder_masks', 'additive_mask', 'to_torch_mask']
 
 # %% ../nbs/08_masks.ipynb #362915b2
 def causal_mask(T: int,  # number of queries: the last T of the S positions
@@ -93,6 +94,84 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
         out = out & m
     return out
 
+# %% ../nbs/08_masks.ipynb #bc6c1688
+def padding_mask_from_real(real: torch.Tensor,  # (B, S) bool, True = real token
+                           B: int | None = None,  # the batch size it must have
+                           S: int | None = None,  # the length it must have
+                           name: str = "real",  # its name in error messages
+                           ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
+    "Key-padding mask `(B, 1, 1, S)` from a `(B, S)` mask of real tokens (a view)."
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        check_bool_mask(real, name)
+        want = ("B" if B is None else check_int(B, "B", minimum=0),
+                "S" if S is None else check_int(S, "S", minimum=0))
+        if real.dim() != 2 or any(w not in ("B", "S") and n != w
+                                  for n, w in zip(real.shape, want)):
+            raise ValueError(f"{name} must be (B, S) = ({want[0]}, {want[1]}), True = "
+                             f"real token, got shape {shape_str(real)}")
+    return real[:, None, None, :]
+
+
+def decoder_mask(B: int, T: int, past: int, attention_mask=None,
+                 full_attention_mask=None, device=None,
+                 keys: int | None = None) -> torch.Tensor | None:
+    """Self-attention mask of T new tokens after `past` cached ones: causal AND
+    `attention_mask` `(B, past + T)` (True = real token), or `full_attention_mask`
+    `(..., T, past + T)` as given. None when it would mask nothing (one new token,
+    no padding): attention then runs unmasked, by PyTorch's fastest kernel.
+    `keys` (a static cache's max_len, default past + T): the key positions attention
+    reads; those from past + T on are still empty and masked (`attention_mask` may
+    then also be `(B, keys)`)."""
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        B, T, past, keys = check_decoder_masks(B, T, past, attention_mask,
+                                               full_attention_mask, keys)
+    S = past + T
+    keys = S if keys is None else keys
+    if full_attention_mask is not None:
+        return _empty_after(full_attention_mask, keys)
+    if T == 1 and attention_mask is None and keys == S:  # the newest token sees all
+        return None
+    # causal (T, keys): query i, at position past + i, sees keys 0 .. past + i
+    mask = _empty_after(causal_mask(T, S, device=device), keys)
+    if attention_mask is not None:  # (B, 1, T, keys)
+        whole = keys != S and tuple(attention_mask.shape) == (B, keys)
+        real = attention_mask[:, None, None, :]  # (B, 1, 1, S or keys)
+        mask = mask & (real if whole else _empty_after(real, keys))
+    return mask
+
+
+def check_decoder_masks(B, T, past, attention_mask=None, full_attention_mask=None,
+                        keys=None) -> tuple[int, int, int, int | None]:
+    "`decoder_mask`'s sizes as ints if they and its masks are well formed; else raise."
+    B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
+    past = check_int(past, "past", minimum=0)
+    S = past + T
+    keys = None if keys is None else check_int(keys, "keys", minimum=S)
+    if full_attention_mask is not None:
+        if attention_mask is not None:
+            raise ValueError("give attention_mask (real tokens) or "
+                             "full_attention_mask, not both")
+        check_bool_mask(full_attention_mask, "full_attention_mask")
+        want = (B, 1, T, S)  # (B, H, T, S) or anything that broadcasts to it
+        shape = full_attention_mask.shape
+        if (shape[-2:] != want[-2:] or full_attention_mask.dim() > 4
+                or (full_attention_mask.dim() == 4 and shape[0] not in (1, B))):
+            raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
+                             f"B={B}, T={T}, S={S}, got {tuple(shape)}")
+    elif attention_mask is not None:
+        whole = (keys not in (None, S) and isinstance(attention_mask, torch.Tensor)
+                 and tuple(attention_mask.shape) == (B, keys))
+        padding_mask_from_real(attention_mask, B, keys if whole else S,
+                               "attention_mask")
+    return B, T, past, keys
+
+
+def _empty_after(mask: torch.Tensor, keys: int) -> torch.Tensor:
+    "`mask` `(..., S)` extended with False up to `keys` columns."
+    extra = keys - mask.shape[-1]
+    return mask if extra == 0 else torch.cat(
+        [mask, mask.new_zeros(*mask.shape[:-1], extra)], -1)
+
 # %% ../nbs/08_masks.ipynb #8b85cbd8
 def additive_mask(mask: torch.Tensor,  # bool, True = may attend
                   dtype: torch.dtype = torch.float32,  # dtype of the scores
@@ -100,9 +179,7 @@ def additive_mask(mask: torch.Tensor,  # bool, True = may attend
     """The additive form of a boolean mask: 0 where it is True, a huge negative number
     where it is False (-inf for float32/64, the dtype's min for float16/bfloat16)."""
     check_bool_mask(mask)
-    check_float_dtype(dtype)
-    if dtype is None:  # (check_float_dtype lets None mean torch's default)
-        raise TypeError("dtype must be the scores' floating-point torch.dtype, got None")
+    check_float_dtype(dtype, allow_none=False)
     half = dtype in (torch.float16, torch.bfloat16)
     blocked = torch.finfo(dtype).min if half else float("-inf")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

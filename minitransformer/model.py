@@ -3,29 +3,28 @@
 # %% ../nbs/11_model.ipynb #79d1300d
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
 
 from .attention import check_mask
 from .core import (
-    check_bool_mask, check_choice, check_flag, check_int, check_number,
-    check_positive_int, check_tensor, door, inside, shape_str)
+    check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_number,
+    check_positive_int, check_tensor, door, inside, is_integer_tensor, shape_str)
 from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache
-from .layers import Decoder, Encoder, LayerConfig, _check_decoder_cache
-from .masks import causal_mask
+from .layers import Decoder, Encoder, LayerConfig
+from .masks import (
+    check_decoder_masks, decoder_mask, padding_mask_from_real)
 from .multihead import default_positions
 from .positions import (
-    LearnedPositions, RotaryEmbedding, SinusoidalPositions)
-from .positions import _check_positions as _check_position_range
-from .qkv import _autocast_on
+    LearnedPositions, RotaryEmbedding, SinusoidalPositions, check_positions)
 
 # %% auto #0
-__all__ = ['POSITION_ENCODINGS', 'TextConfig', 'decoder_mask', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',
-           'EncoderClassifierConfig', 'EncoderClassifier', 'ViTConfig', 'VisionTransformer', 'count_parameters',
-           'TextEncoderConfig', 'TextEncoder', 'mean_pool']
+__all__ = ['POSITION_ENCODINGS', 'TextConfig', 'count_parameters', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',
+           'TextEncoderConfig', 'TextEncoder', 'mean_pool', 'EncoderClassifierConfig', 'EncoderClassifier', 'ViTConfig',
+           'VisionTransformer']
 
 # %% ../nbs/11_model.ipynb #271cbe27
 POSITION_ENCODINGS = ("learned", "sinusoidal", "rotary")
@@ -81,8 +80,11 @@ class _Embed(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, name: str = "ids",
-                token_types: torch.Tensor | None = None) -> torch.Tensor:
+                token_types: torch.Tensor | None = None,
+                prefix: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tok(ids, name)  # (B, T, C)
+        if prefix is not None:  # vectors in front of the tokens: (B, P + T, C)
+            x = torch.cat([prefix.expand(len(x), -1, -1), x], 1)
         if self.pos is not None:
             x = x + self.pos(positions).to(x.dtype)  # (T, C) or (B, T, C), broadcast
         if self.types is not None:
@@ -96,7 +98,7 @@ def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
     if not door.checked:  # (chapter 0: checked once, at the door)
         check_tensor(ids, name)
-        if ids.dim() != 2 or 0 in ids.shape or ids.is_floating_point():
+        if ids.dim() != 2 or 0 in ids.shape or not is_integer_tensor(ids):
             raise ValueError(f"{name} must be (B, T) integer token ids with B, T >= 1, "
                              f"got {ids.dtype} of shape {shape_str(ids)}")
         if past + ids.shape[1] > max_len:
@@ -105,16 +107,15 @@ def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int
     return ids.shape
 
 
-def _check_positions(positions, B: int, T: int, max_len: int) -> None:
+def _check_model_positions(positions, B: int, T: int, max_len: int) -> None:
     "Raise unless `positions` is None or integer `(T,)` / `(B, T)` in [0, max_len)."
     if positions is None:
         return
     check_tensor(positions, "positions")
-    if (positions.is_floating_point() or positions.dtype == torch.bool
-            or tuple(positions.shape) not in ((T,), (B, T))):
-        raise ValueError(f"positions must be integer (T,) = ({T},) or (B, T) = ({B}, "
-                         f"{T}), got {positions.dtype} of shape {shape_str(positions)}")
-    _check_position_range(positions, max_len)  # reads the values
+    if tuple(positions.shape) not in ((T,), (B, T)):
+        raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
+                         f"got shape {shape_str(positions)}")
+    check_positions(positions, max_len)  # integers in range: reads the values
 
 
 def _check_config(config, cls: type) -> None:
@@ -122,67 +123,12 @@ def _check_config(config, cls: type) -> None:
         raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}")
 
 
-def _real_tokens(mask: torch.Tensor, name: str, B: int, S: int) -> torch.Tensor:
-    "A `(B, S)` boolean mask of real tokens (True = real), checked, as `(B, 1, 1, S)`."
-    if not door.checked:  # (chapter 0: checked once, at the door)
-        check_bool_mask(mask, name)
-        if tuple(mask.shape) != (B, S):
-            raise ValueError(f"{name} must be (B, S) = ({B}, {S}), True = real token, "
-                             f"got shape {shape_str(mask)}")
-    return mask[:, None, None, :]
-
-
-def decoder_mask(B: int, T: int, past: int, attention_mask=None,
-                 full_attention_mask=None, device=None,
-                 keys: int | None = None) -> torch.Tensor | None:
-    """Self-attention mask of T new tokens after `past` cached ones: causal AND
-    `attention_mask` `(B, past + T)` (True = real token), or `full_attention_mask`
-    `(..., T, past + T)` as given. None when it would mask nothing (one new token,
-    no padding): attention then runs unmasked, by PyTorch's fastest kernel.
-    `keys` (a static cache's max_len, default past + T): the key positions attention
-    reads; those from past + T on are still empty and masked (`attention_mask` may
-    then also be `(B, keys)`)."""
-    if not door.checked:  # (chapter 0: checked once, at the door)
-        B, T, past, keys = _check_decoder_masks(B, T, past, attention_mask,
-                                                full_attention_mask, keys)
-    S = past + T
-    keys = S if keys is None else keys
-    if full_attention_mask is not None:
-        return _empty_after(full_attention_mask, keys)
-    if T == 1 and attention_mask is None and keys == S:  # the newest token sees all
-        return None
-    # causal (T, keys): query i, at position past + i, sees keys 0 .. past + i
-    mask = _empty_after(causal_mask(T, S, device=device), keys)
-    if attention_mask is not None:  # (B, 1, T, keys)
-        whole = keys != S and tuple(attention_mask.shape) == (B, keys)
-        real = attention_mask[:, None, None, :]  # (B, 1, 1, S or keys)
-        mask = mask & (real if whole else _empty_after(real, keys))
-    return mask
-
-
-def _check_decoder_masks(B, T, past, attention_mask, full_attention_mask,
-                         keys) -> tuple:
-    "`decoder_mask`'s sizes as ints if they and its masks are well formed; else raise."
-    B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
-    past = check_int(past, "past", minimum=0)
-    S = past + T
-    keys = None if keys is None else check_int(keys, "keys", minimum=S)
-    if full_attention_mask is not None:
-        if attention_mask is not None:
-            raise ValueError("give attention_mask (real tokens) or "
-                             "full_attention_mask, not both")
-        check_bool_mask(full_attention_mask, "full_attention_mask")
-        want = (B, 1, T, S)  # (B, H, T, S) or anything that broadcasts to it
-        shape = full_attention_mask.shape
-        if (shape[-2:] != want[-2:] or full_attention_mask.dim() > 4
-                or (full_attention_mask.dim() == 4 and shape[0] not in (1, B))):
-            raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
-                             f"B={B}, T={T}, S={S}, got {tuple(shape)}")
-    elif attention_mask is not None:
-        whole = (keys not in (None, S) and isinstance(attention_mask, torch.Tensor)
-                 and tuple(attention_mask.shape) == (B, keys))
-        _real_tokens(attention_mask, "attention_mask", B, keys if whole else S)
-    return B, T, past, keys
+def count_parameters(model: nn.Module) -> int:
+    """How many trainable numbers `model` holds: the elements of its trainable
+    parameters, each tensor counted once (a tied matrix is one tensor)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
@@ -206,23 +152,16 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     `GPT` or a `Transformer`) and each other; return B."""
     c = model.config
     B, T = _ids(ids, name, c.max_len)
-    _check_decoder_cache(model.decoder, cache, B, T, memory)
+    model.decoder.check_cache(cache, B, T, memory)
     past = 0 if cache is None else len(cache)
     _ids(ids, name, c.max_len, past)  # past + T within max_len
     check_token_ids(ids, vocab_size, name)  # reads the values
-    _check_positions(positions, B, T, c.max_len)
+    _check_model_positions(positions, B, T, c.max_len)
     keys = None if cache is None or not cache.static else cache.max_len
-    _check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
+    check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
     if full_attention_mask is not None:  # its heads, too: (B, H, T, past + T)
         check_mask(full_attention_mask, (B, c.n_heads, T, past + T))
     return B
-
-
-def _empty_after(mask: torch.Tensor, keys: int) -> torch.Tensor:
-    "`mask` `(..., S)` extended with False up to `keys` columns."
-    extra = keys - mask.shape[-1]
-    return mask if extra == 0 else torch.cat(
-        [mask, mask.new_zeros(*mask.shape[:-1], extra)], -1)
 
 # %% ../nbs/11_model.ipynb #b42100d1
 @dataclass(frozen=True, kw_only=True)
@@ -324,7 +263,7 @@ class TransformerConfig(TextConfig):
     _encodings = ("learned", "sinusoidal")  # rotary would need rotary cross-attention
 
 # %% ../nbs/11_model.ipynb #42a88a50
-def _check_memory(memory, B: int, d_model: int, required: bool = False) -> None:
+def _check_encoder_output(memory, B: int, d_model: int, required: bool = False) -> None:
     "Raise unless `memory` is None (when allowed) or an encoder output `(B, S, C)`."
     if memory is None and not required:
         return
@@ -360,20 +299,21 @@ class Transformer(nn.Module):
         if c.tie_weights:
             self.head.weight = self.tgt_embed.tok.weight
 
-    def encode(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        "Encoder output `(B, S, C)` and real-token mask `(B, S)` (default: not pad)."
+    def encode(self, src: torch.Tensor, source_mask: torch.Tensor | None = None):
+        """Encoder output `(B, S, C)` and the source's real-token mask `(B, S)`
+        (`source_mask`, by default: the tokens that are not `pad_id`)."""
         if not door.checked:  # (chapter 0: checked once, at the door)
             B, S = _ids(src, "src", self.config.max_len)
             check_token_ids(src, self.config.src_vocab_size, "src")
-            if attention_mask is not None:
-                _real_tokens(attention_mask, "attention_mask", B, S)
-            return inside(Transformer.encode, self, src, attention_mask)
-        B, S = _ids(src, "src", self.config.max_len)
-        if attention_mask is None:
-            attention_mask = src != self.config.pad_id
-        mask = _real_tokens(attention_mask, "attention_mask", B, S)  # (B, 1, 1, S)
+            if source_mask is not None:
+                padding_mask_from_real(source_mask, B, S, "source_mask")
+            return inside(Transformer.encode, self, src, source_mask)
+        S = src.shape[1]
+        if source_mask is None:
+            source_mask = src != self.config.pad_id
+        mask = padding_mask_from_real(source_mask)  # (B, 1, 1, S)
         x = self.src_embed(src, default_positions(0, S, src.device), "src")
-        return self.encoder(x, mask=mask), attention_mask
+        return self.encoder(x, mask=mask), source_mask
 
     def decode(self,
                tgt: torch.Tensor,  # (B, T) target ids
@@ -396,7 +336,7 @@ class Transformer(nn.Module):
         memory_mask = None  # (B, 1, 1, S)
         if source_mask is not None:
             S = _source_len(memory, cache, source_mask)
-            memory_mask = _real_tokens(source_mask, "source_mask", B, S)
+            memory_mask = padding_mask_from_real(source_mask, B, S, "source_mask")
         x = self.tgt_embed(tgt, positions, "tgt")  # (B, T, C)
         return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache,
                                       is_causal=causal))
@@ -406,15 +346,16 @@ class Transformer(nn.Module):
         "Raise unless `decode`'s arguments are well formed and fit each other."
         B = _check_decoding(self, tgt, "tgt", self.config.tgt_vocab_size, positions,
                             cache, memory, attention_mask, None)
-        _check_memory(memory, B, self.config.d_model)
+        _check_encoder_output(memory, B, self.config.d_model)
         if memory is not None:
             self.decoder.layers[0]._check_x(memory, "memory")  # its dtype
         elif cache is None:
             raise ValueError("decode needs the encoder output `memory`, or a cache "
                              "filled from it (make_cache(memory))")
         if source_mask is not None:
-            _real_tokens(source_mask, "source_mask", B,
-                         _source_len(memory, cache, source_mask))
+            padding_mask_from_real(source_mask, B,
+                                   _source_len(memory, cache, source_mask),
+                                   "source_mask")
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         "Teacher forcing: logits for every target position, given source and prefix."
@@ -428,13 +369,119 @@ class Transformer(nn.Module):
                    static: bool = False) -> DecoderCache:
         """Empty self-attention caches (`static`: see GPT's); cross-attention caches
         filled from `memory`."""
-        _check_memory(memory, len(memory), self.config.d_model, required=True)
+        _check_encoder_output(memory, len(memory), self.config.d_model,
+                              required=True)
         max_len = (self.config.max_len if max_len is None
                    else check_positive_int(max_len, "max_len"))
         cache = DecoderCache.for_decoder(self.decoder, memory.shape[0], max_len,
                                          source_len=memory.shape[1], static=static)
         cache.fill_cross_attention(self.decoder, memory)
         return cache
+
+# %% ../nbs/11_model.ipynb #3f528d9b
+@dataclass(frozen=True, kw_only=True)
+class TextEncoderConfig(TextConfig):
+    "A BERT-style encoder: token ids → one contextual vector per token."
+    vocab_size: int
+    n_layers: int = 2
+    max_len: int = 512  # the position table's rows (BERT: 512)
+    activation: str = "gelu"
+    norm_eps: float = 1e-12  # BERT's
+    type_vocab_size: int = 0  # token types (segments A, B: 2 in BERT); 0: none
+    embed_norm: bool = True  # a LayerNorm over the summed embeddings (BERT)
+
+    _encodings = ("learned", "sinusoidal")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check("vocab_size", check_positive_int)
+        self._check("n_layers", check_positive_int)
+        self._check("type_vocab_size", check_int, minimum=0)
+        self._check("embed_norm", check_flag)
+        self._check_pad_id(self.vocab_size)
+
+
+class TextEncoder(nn.Module):
+    """Token ids `(B, T)` → hidden states `(B, T, C)`: every real token sees every real
+    token; the vectors at padding positions mean nothing."""
+
+    def __init__(self, config: TextEncoderConfig):
+        super().__init__()
+        _check_config(config, TextEncoderConfig)
+        self.config = c = config
+        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len, c.position_encoding,
+                            c.dropout, c.pad_id, c.type_vocab_size,
+                            c.make_norm() if c.embed_norm else None)
+        self.encoder = Encoder(c.layer(), c.n_layers)
+
+    def forward(self,
+                ids: torch.Tensor,  # (B, T) token ids
+                attention_mask: torch.Tensor | None = None,  # (B, T), True = real
+                token_type_ids: torch.Tensor | None = None,  # (B, T); default all 0
+                prefix: torch.Tensor | None = None,  # (1 or B, P, C) vectors in front
+                ) -> torch.Tensor:  # (B, T, C); with a prefix (B, P + T, C)
+        """`prefix` vectors (a classifier's learned `[CLS]`) go in front of the token
+        embeddings: they are real, take positions 0..P-1 and token type 0."""
+        args = (ids, attention_mask, token_type_ids, prefix)
+        if not door.checked:  # (chapter 0: checked once, at the door)
+            P = 0 if prefix is None else self._check_prefix(prefix, len(ids))
+            B, T = _ids(ids, "ids", self.config.max_len, past=P)
+            check_token_ids(ids, self.config.vocab_size, "ids")
+            if attention_mask is not None:
+                padding_mask_from_real(attention_mask, B, T, "attention_mask")
+            _token_types(token_type_ids, ids, self.config.type_vocab_size)
+            return inside(TextEncoder.forward, self, *args)
+        keep = ids != self.config.pad_id if attention_mask is None else attention_mask
+        types = _token_types(token_type_ids, ids, self.config.type_vocab_size)
+        if prefix is not None:  # real, of type 0
+            keep = torch.cat([keep.new_ones(len(ids), prefix.shape[1]), keep], 1)
+            types = None if types is None else torch.cat(
+                [types.new_zeros(len(ids), prefix.shape[1]), types], 1)
+        positions = default_positions(0, keep.shape[1], ids.device)
+        x = self.embed(ids, positions, "ids", types, prefix)
+        return self.encoder(x, mask=padding_mask_from_real(keep))  # padding only
+
+    def _check_prefix(self, prefix, B: int) -> int:
+        "P if `prefix` is `(1, P, C)` or `(B, P, C)` in the weights' dtype; else raise."
+        check_tensor(prefix, "prefix", floating=True)
+        C = self.config.d_model
+        if prefix.dim() != 3 or prefix.shape[0] not in (1, B) or prefix.shape[2] != C:
+            raise ValueError(f"prefix must be (1, P, C) or (B, P, C) with B={B}, "
+                             f"C={C}, got shape {shape_str(prefix)}")
+        check_dtype(prefix, "prefix", self.embed.tok.weight.dtype,
+                    "the model's weights")
+        return prefix.shape[1]
+
+
+def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
+    "The checked token types `(B, T)`, zeros if None (and None without types)."
+    if token_type_ids is None:
+        return torch.zeros_like(ids) if n_types else None
+    if door.checked:  # (chapter 0: checked once, at the door)
+        return token_type_ids
+    if not n_types:
+        raise ValueError("token_type_ids were given, but the config has "
+                         "type_vocab_size=0")
+    if isinstance(token_type_ids, torch.Tensor) and token_type_ids.shape != ids.shape:
+        raise ValueError(f"token_type_ids must be (B, T) like ids "
+                         f"{shape_str(ids)}, got {shape_str(token_type_ids)}")
+    return check_token_ids(token_type_ids, n_types, "token_type_ids")
+
+
+def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
+              mask: torch.Tensor,  # (B, T) True at real tokens
+              normalize: bool = True) -> torch.Tensor:  # (B, C)
+    """One vector per text: the average of its real tokens' vectors (as
+    sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1 if
+    `normalize`. A text with no real token gets the zero vector."""
+    check_tensor(hidden, "hidden", floating=True)
+    check_bool_mask(mask, "mask")
+    if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(f"hidden must be (B, T, C) and mask (B, T), got shapes "
+                         f"{shape_str(hidden)} and {shape_str(mask)}")
+    weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+    return nn.functional.normalize(pooled, dim=-1) if normalize else pooled
 
 # %% ../nbs/11_model.ipynb #25681d8f
 @dataclass(frozen=True, kw_only=True)
@@ -459,41 +506,36 @@ class EncoderClassifierConfig(TextConfig):
 
 
 class EncoderClassifier(nn.Module):
-    "Token ids `(B, T)` → class logits `(B, n_classes)`; real tokens see each other."
+    """Token ids `(B, T)` → class logits `(B, n_classes)`: a `TextEncoder` (real tokens
+    see each other) and a linear head on one pooled vector: the top of a learned
+    `[CLS]` vector put in front of the tokens, or the mean of the real tokens."""
 
     def __init__(self, config: EncoderClassifierConfig):
         super().__init__()
         _check_config(config, EncoderClassifierConfig)
         self.config = c = config
-        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len + 1, c.position_encoding,
-                            c.dropout, c.pad_id)
+        shared = {f.name: getattr(c, f.name) for f in fields(TextConfig)}
+        self.text_encoder = TextEncoder(TextEncoderConfig(  # max_len: room for [CLS]
+            **shared | dict(max_len=c.max_len + 1), vocab_size=c.vocab_size,
+            n_layers=c.n_layers, embed_norm=False))
         self.cls = (nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pooling == "cls"
                     else None)
-        self.encoder = Encoder(c.layer(), c.n_layers)
         self.head = nn.Linear(c.d_model, c.n_classes)
 
-    def forward(self, ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor,  # (B, T) token ids
+                attention_mask: torch.Tensor | None = None,  # (B, T), True = real
+                ) -> torch.Tensor:  # (B, n_classes)
         if not door.checked:  # (chapter 0: checked once, at the door)
             B, T = _ids(ids, "ids", self.config.max_len)
             check_token_ids(ids, self.config.vocab_size, "ids")
             if attention_mask is not None:
-                _real_tokens(attention_mask, "attention_mask", B, T)
+                padding_mask_from_real(attention_mask, B, T, "attention_mask")
             return inside(EncoderClassifier.forward, self, ids, attention_mask)
-        B, T = ids.shape
+        if self.cls is not None:  # (B, 1 + T, C): [CLS] first, read at the top
+            hidden = self.text_encoder(ids, attention_mask, prefix=self.cls)
+            return self.head(hidden[:, 0])
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
-        x = self.embed.tok(ids, "ids")  # (B, T, C)
-        if self.cls is not None:  # a learned [CLS] vector in front: (B, 1 + T, C)
-            x = torch.cat([self.cls.expand(B, -1, -1), x], 1)
-            keep = torch.cat([keep.new_ones(B, 1), keep], 1)
-        positions = default_positions(0, x.shape[1], ids.device)
-        x = x + self.embed.pos(positions).to(x.dtype)
-        x = self.embed.drop(x) if self.training and self.embed.drop.p else x
-        x = self.encoder(x, mask=keep[:, None, None, :])  # padding only, no causal mask
-        if self.cls is not None:
-            return self.head(x[:, 0])
-        mean = (x * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1)
-        return self.head(mean)
+        return self.head(mean_pool(self.text_encoder(ids, keep), keep, normalize=False))
 
 # %% ../nbs/11_model.ipynb #cb775986
 @dataclass(frozen=True, kw_only=True)
@@ -553,99 +595,4 @@ class VisionTransformer(nn.Module):
         if images.dim() != 4 or tuple(images.shape[1:]) != size or len(images) == 0:
             raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, "
                              f"{c.image_size}), B >= 1, got {shape_str(images)}")
-        if images.dtype != self.cls.dtype and not _autocast_on(images.device.type):
-            raise TypeError(f"images have dtype {images.dtype}, but the weights are "
-                            f"{self.cls.dtype}: convert one with .to()")
-
-
-def count_parameters(model: nn.Module) -> int:
-    "Number of distinct trainable parameters (a tied matrix counts once)."
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-# %% ../nbs/11_model.ipynb #3f528d9b
-@dataclass(frozen=True, kw_only=True)
-class TextEncoderConfig(TextConfig):
-    "A BERT-style encoder: token ids → one contextual vector per token."
-    vocab_size: int
-    n_layers: int = 2
-    max_len: int = 512  # the position table's rows (BERT: 512)
-    activation: str = "gelu"
-    norm_eps: float = 1e-12  # BERT's
-    type_vocab_size: int = 0  # token types (segments A, B: 2 in BERT); 0: none
-    embed_norm: bool = True  # a LayerNorm over the summed embeddings (BERT)
-
-    _encodings = ("learned", "sinusoidal")
-
-    def __post_init__(self):
-        super().__post_init__()
-        self._check("vocab_size", check_positive_int)
-        self._check("n_layers", check_positive_int)
-        self._check("type_vocab_size", check_int, minimum=0)
-        self._check("embed_norm", check_flag)
-        self._check_pad_id(self.vocab_size)
-
-
-class TextEncoder(nn.Module):
-    """Token ids `(B, T)` → hidden states `(B, T, C)`: every real token sees every real
-    token; the vectors at padding positions mean nothing."""
-
-    def __init__(self, config: TextEncoderConfig):
-        super().__init__()
-        _check_config(config, TextEncoderConfig)
-        self.config = c = config
-        self.embed = _Embed(c.vocab_size, c.d_model, c.max_len, c.position_encoding,
-                            c.dropout, c.pad_id, c.type_vocab_size,
-                            c.make_norm() if c.embed_norm else None)
-        self.encoder = Encoder(c.layer(), c.n_layers)
-
-    def forward(self,
-                ids: torch.Tensor,  # (B, T) token ids
-                attention_mask: torch.Tensor | None = None,  # (B, T), True = real
-                token_type_ids: torch.Tensor | None = None,  # (B, T); default all 0
-                ) -> torch.Tensor:  # (B, T, C)
-        args = (ids, attention_mask, token_type_ids)
-        if not door.checked:  # (chapter 0: checked once, at the door)
-            B, T = _ids(ids, "ids", self.config.max_len)
-            check_token_ids(ids, self.config.vocab_size, "ids")
-            if attention_mask is not None:
-                _real_tokens(attention_mask, "attention_mask", B, T)
-            _token_types(token_type_ids, ids, self.config.type_vocab_size)
-            return inside(TextEncoder.forward, self, *args)
-        B, T = ids.shape
-        keep = ids != self.config.pad_id if attention_mask is None else attention_mask
-        mask = _real_tokens(keep, "attention_mask", B, T)  # (B, 1, 1, T)
-        types = _token_types(token_type_ids, ids, self.config.type_vocab_size)
-        x = self.embed(ids, default_positions(0, T, ids.device), "ids", types)
-        return self.encoder(x, mask=mask)  # padding only, no causal mask
-
-
-def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
-    "The checked token types `(B, T)`, zeros if None (and None without types)."
-    if token_type_ids is None:
-        return torch.zeros_like(ids) if n_types else None
-    if door.checked:  # (chapter 0: checked once, at the door)
-        return token_type_ids
-    if not n_types:
-        raise ValueError("token_type_ids were given, but the config has "
-                         "type_vocab_size=0")
-    if isinstance(token_type_ids, torch.Tensor) and token_type_ids.shape != ids.shape:
-        raise ValueError(f"token_type_ids must be (B, T) like ids "
-                         f"{shape_str(ids)}, got {shape_str(token_type_ids)}")
-    return check_token_ids(token_type_ids, n_types, "token_type_ids")
-
-
-def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
-              mask: torch.Tensor,  # (B, T) True at real tokens
-              normalize: bool = True) -> torch.Tensor:  # (B, C)
-    """One vector per text: the average of its real tokens' vectors (as
-    sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1."""
-    check_tensor(hidden, "hidden", floating=True)
-    check_bool_mask(mask, "mask")
-    if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
-        raise ValueError(f"hidden must be (B, T, C) and mask (B, T), got shapes "
-                         f"{shape_str(hidden)} and {shape_str(mask)}")
-    weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
-    pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
-    return nn.functional.normalize(pooled, dim=-1) if normalize else pooled
+        check_dtype(images, "images", self.cls.dtype, "the model's weights")

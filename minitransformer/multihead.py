@@ -13,7 +13,7 @@ from .core import (
 from .qkv import QKVProjection
 
 # %% auto #0
-__all__ = ['split_heads', 'merge_heads', 'default_positions', 'HeadProjection', 'repeat_kv', 'MultiHeadAttention']
+__all__ = ['split_heads', 'merge_heads', 'default_positions', 'HeadProjection', 'check_heads', 'repeat_kv', 'MultiHeadAttention']
 
 # %% ../nbs/05_multihead.ipynb #d0e7ced5
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -74,19 +74,14 @@ class HeadProjection(nn.Module):
                  rotary: nn.Module | None = None, device=None, dtype=None,
                  n_kv_heads: int | None = None):
         super().__init__()
-        check_positive_int(d_model, "d_model")
-        check_positive_int(n_heads, "n_heads")
-        if d_model % n_heads:
-            divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
-                             f"({n_heads}); try n_heads in {divisors}")
+        n_kv_heads = check_heads(d_model, n_heads, n_kv_heads)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         if rotary is not None and getattr(rotary, "head_dim", None) != self.head_dim:
             raise ValueError(f"rotary embedding is for head_dim "
                              f"{getattr(rotary, 'head_dim', None)}, but d_model "
                              f"{d_model} / n_heads {n_heads} = {self.head_dim}")
         self.rotary = rotary
-        self.n_kv_heads = _check_kv_heads(n_heads, n_kv_heads)
+        self.n_kv_heads = n_kv_heads
         kv_width = self.n_kv_heads * self.head_dim  # narrower K and V with fewer heads
         self.qkv = QKVProjection(d_model, d_model, kv_width, kv_width, bias=bias,
                                  device=device, dtype=dtype)
@@ -120,13 +115,21 @@ class HeadProjection(nn.Module):
         return split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
 
 # %% ../nbs/05_multihead.ipynb #74704d67
-def _check_kv_heads(n_heads: int, n_kv_heads: int | None) -> int:
-    "H_kv: n_heads if None, else a positive int dividing n_heads."
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> int:
+    """H_kv (`n_heads` if `n_kv_heads` is None) if `n_heads` divides `d_model` and
+    `n_kv_heads` divides `n_heads`, all positive ints; else raise."""
+    d_model = check_positive_int(d_model, "d_model")
+    n_heads = check_positive_int(n_heads, "n_heads")
+    if d_model % n_heads:
+        hint = ("" if d_model > 4096 else "; try n_heads in "
+                f"{[h for h in range(1, d_model + 1) if d_model % h == 0]}")
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
+                         f"({n_heads}){hint}")
     if n_kv_heads is None:
         return n_heads
     if check_positive_int(n_kv_heads, "n_kv_heads") > n_heads or n_heads % n_kv_heads:
         raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
-    return n_kv_heads
+    return int(n_kv_heads)
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:

@@ -272,8 +272,10 @@ def llama_config(cfg: dict, max_len: int | None = None) -> GPTConfig:
 def gpt2_config(cfg: dict) -> GPTConfig:
     "Our `GPT`'s config from a GPT-2 `config.json` (as a dict)."
     cfg = _Fields(cfg)
-    _refuse_unsupported(cfg, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "tanh GELU")
-    _refuse_unsupported(cfg, "scale_attn_by_inverse_layer_idx", False, "scores scaled by 1/√D only")
+    _refuse_unsupported(cfg, "activation_function", ("gelu_new", "gelu_pytorch_tanh"),
+                        "tanh GELU")
+    _refuse_unsupported(cfg, "scale_attn_by_inverse_layer_idx", False,
+                        "scores scaled by 1/√D only")
     _refuse_unsupported(cfg, "reorder_and_upcast_attn", False, "plain attention")
     C = cfg["n_embd"]
     return GPTConfig(

@@ -77,7 +77,8 @@ class QKVProjection(nn.Module):
     def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "K `(..., S, d_k)` and V `(..., S, d_v)` alone, from `context`."
         if not door.checked:
-            _check_projection_input(context, "context", self.d_model, self.k_proj.weight.dtype)
+            _check_projection_input(context, "context", self.d_model,
+                                    self.k_proj.weight.dtype)
         return self.k_proj(context), self.v_proj(context)
 
 # %% ../nbs/03_qkv.ipynb #62d4ea96

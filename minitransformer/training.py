@@ -26,7 +26,6 @@ from minitransformer.checkpoints import (
 from .core import (
     check_choice, check_flag, check_int, check_number, check_positive_int,
     check_probability, check_tensor, is_integer_tensor, shape_str)
-from .model import GPT, GPTConfig
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
@@ -326,9 +325,10 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                             f"a {type(model).__name__}")
     if processes is None:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise ValueError("this process is one of several (torch.distributed): pass "
-                             "processes=DDPProcesses() (minitransformer.distributed) so "
-                             "that they train one model together")
+            raise ValueError("this process is one of several (torch.distributed): "
+                             "pass processes=DDPProcesses() (from "
+                             "minitransformer.distributed) so that they train one "
+                             "model together")
     elif not isinstance(processes, SingleProcess):
         raise TypeError(f"processes must be a SingleProcess (or a DDPProcesses), got "
                         f"{type(processes).__name__}")
@@ -438,9 +438,10 @@ def train(model: nn.Module,
     With `processes=DDPProcesses()` under torchrun, each process calls `next_batch`
     for its own share of the batch and `loss_fn` with DistributedDataParallel's
     wrapper, which it must call once per step, giving every trainable weight a
-    gradient; the gradients are averaged, so every rank takes the same steps. `loss_fn` may return
-    `(loss, count)` to have each rank's mean weighted by its number of targets. Rank 0
-    alone prints, evaluates and saves; the time budget is rank 0's clock."""
+    gradient; the gradients are averaged, so every rank takes the same steps.
+    `loss_fn` may return `(loss, count)` to have each rank's mean weighted by its
+    number of targets. Rank 0 alone prints, evaluates and saves; the time budget is
+    rank 0's clock."""
     a = _check_train(**locals())
     if a["steps"] == 0 or a["max_seconds"] == 0:
         return TrainLog()  # an empty budget: nothing to do

@@ -24,15 +24,17 @@ BOXES = [
     (12, "generate", 668, 58, 108),
     (13, "train", 784, 58, 110),
     (10, "KV cache", 668, 96, 108),
-    (14, "real weights", 668, 134, 108),
-    (15, "LoRA", 784, 134, 110),
+    (14, "processes", 784, 96, 110),
+    (15, "real weights", 668, 134, 108),
+    (16, "GGUF file", 784, 134, 110),
+    (17, "LoRA", 668, 172, 108),
 ]
 ARROWS = [((132, 72), (140, 72)), ((236, 72), (246, 72)), ((658, 72), (668, 72))]
 
 
 def svg(chapter: int) -> str:
     parts = [
-        '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 900 170" width="900" height="170" '
+        '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 900 208" width="900" height="208" '
         f'role="img" aria-label="Map of the book: chapter {chapter} highlighted">',
         '<rect x="246" y="8" width="412" height="138" rx="10" fill="#f4f6fb" stroke="#b8c2d8"/>',
         '<text x="648" y="140" text-anchor="end" font-family="sans-serif" font-size="12" '
@@ -54,9 +56,9 @@ def svg(chapter: int) -> str:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for chapter in range(1, 16):
+    for chapter in range(1, 18):
         (OUT / f"map-{chapter:02d}.svg").write_text(svg(chapter), encoding="utf-8")
-    print(f"wrote 15 maps to {OUT}")
+    print(f"wrote 17 maps to {OUT}")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ from minitransformer.attention import attention_with_weights, scaled_dot_product
 from minitransformer.core import tracing
 from minitransformer.generation import generate
 from minitransformer.kv_cache import DecoderCache, KVCache
-from minitransformer.masks import causal_mask
-from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig, decoder_mask
+from minitransformer.masks import causal_mask, decoder_mask
+from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 
 RECIPE = dict(position_encoding="rotary", norm="rmsnorm", activation="swiglu", bias=False)
 

@@ -91,14 +91,21 @@ EXEMPT = {
     "checkpoints.model_from_state": "builds a model from a state its loader has checked; "
                                     "its own tests (tests/test_hostile_files.py)",
     "core.tracing": "takes no arguments: whether torch.compile is tracing",
+    "masks.check_decoder_masks": "the checks of masks.decoder_mask, fuzzed through it",
     "core.autocast_on": "reads torch's autocast state for a device type; exercised by "
                         "core.check_dtype and the chapter notebooks",
     "core.door": "the per-thread flags of checks at the door (tests/test_door.py)",
     "core.inside": "calls any function with the door's flag raised (tests/test_door.py)",
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
-           "fill", "check_rules", "load_folder", "load_gguf", "load_pretrained", "read_gguf",
-           "gguf_config", "Tokenizer", "Pretrained", "attention_weights")},
+           "fill", "check_rules", "model_from_rules", "load_folder", "Tokenizer",
+           "Pretrained")},
+    **{f"gguf.{name}": "reads GGUF files or their metadata; its own tests "
+       "(tests/test_pretrained.py, tests/test_hostile_files.py)" for name in (
+           "read_gguf", "gguf_config", "tokenizer_from_gguf", "load_gguf",
+           "load_pretrained")},
+    "viz.attention_weights": "runs a whole model with hooks; its own tests "
+                             "(tests/test_pretrained.py) and the plotting appendix",
     **{f"pretrained.{name}": "a constant (a type alias or a table)" for name in (
            "Rule", "KNOWN_UNUSED", "FAMILIES")},
     **{f"lora.{name}": "changes a whole model's layers or reads/writes adapter files; "
@@ -1079,6 +1086,23 @@ def _rotary(p, D, max_len=16):
     return pos.RotaryEmbedding(D, max_len=max_len)
 
 
+@case("multihead.check_heads")
+def _(data):
+    mh = _mod("multihead")
+    p = Probe(data, ["d_model", "n_heads", "n_kv_heads"])
+    C = p.value("d_model", st.sampled_from([4, 6, 12]), POS_INT_BAD)
+    H = p.value("n_heads", st.sampled_from([1, 2, 3, 4]), POS_INT_BAD)
+    H_kv = p.value("n_kv_heads", st.one_of(st.none(), st.sampled_from([1, 2, 3, 4])),
+                   OPT_POS_INT_BAD)
+    if p.status == VALID and C % H:
+        p.mark(BAD, ["d_model", "n_heads"], f"n_heads={H} does not divide d_model={C}")
+    if p.status == VALID and H_kv is not None and H % H_kv:
+        p.mark(BAD, ["n_kv_heads", "n_heads"], f"n_kv_heads={H_kv} does not divide {H}")
+    out = p.run(lambda: p.call("check_heads", mh.check_heads, C, H, H_kv))
+    if ok(out):
+        assert type(out) is int and out == (H if H_kv is None else H_kv)
+
+
 @case("multihead.HeadProjection", examples=40)
 def _(data):
     mh, kvc = _mod("multihead"), _mod("kv_cache")
@@ -1511,6 +1535,27 @@ def _(data):
                 want = want & m
             expect_tensor(out, want.shape, torch.bool)
             assert torch.equal(out, want)
+
+
+@case("masks.padding_mask_from_real")
+def _(data):
+    masks = _mod("masks")
+    p = Probe(data, ["real", "B", "S"])
+    b, s = p.draw(st.integers(0, 3), label="b"), p.draw(st.integers(0, 4), label="s")
+    real = p.tensor("real", bools(p, (b, s), "real"), {
+        "float": BAD, "long": BAD, "list": BAD, "noncontig": VALID,
+        "flat": (BAD, lambda m: m.reshape(-1)), "four_dims": (BAD, lambda m: m[:, None, None]),
+        "shorter": (BAD, lambda m: m[:, :-1] if m.shape[1] else m[:, None])},
+        names=["the_real", "B", "S"])
+    B = p.value("B", st.one_of(st.none(), st.just(b)), (-1, 1.5, True, b + 1),
+                names=["B", "the_real"])
+    S = p.value("S", st.one_of(st.none(), st.just(s)), (-1, 1.5, True, s + 1),
+                names=["S", "the_real"])
+    out = p.run(lambda: p.call("padding_mask_from_real", masks.padding_mask_from_real,
+                               real, B, S, "the_real"))
+    if ok(out):
+        expect_tensor(out, (real.shape[0], 1, 1, real.shape[1]), torch.bool)
+        assert torch.equal(out[:, 0, 0], real)
 
 
 @case("masks.additive_mask")
@@ -2157,9 +2202,9 @@ def _ids_arg(p, name, ids, V, max_len, names=None):
         names=names or [name, "token ids", "max_len"])
 
 
-@case("model.decoder_mask", examples=40)
+@case("masks.decoder_mask", examples=40)
 def _(data):
-    model, masks = _mod("model"), _mod("masks")
+    masks = _mod("masks")
     p = Probe(data, ["B", "T", "past", "attention_mask", "full_attention_mask", "keys"])
     B = p.value("B", st.integers(1, 3), (0, -1, 1.5, True, None))
     T = p.value("T", st.integers(1, 4), (0, -1, 1.5, True, None))
@@ -2195,7 +2240,7 @@ def _(data):
             p.mark(BAD, ["attention_mask", "full_attention_mask"], "both masks")
     if p.target in ("B", "T", "past") and am is None and fm is None and p.target == "B":
         pass  # B only matters to the masks; an invalid B must still be refused
-    out = p.run(lambda: p.call("decoder_mask", model.decoder_mask, B, T, past, am, fm,
+    out = p.run(lambda: p.call("decoder_mask", masks.decoder_mask, B, T, past, am, fm,
                                keys=keys))
     if ok(out) and out is None:  # nothing to mask: one new token, no padding
         assert T == 1 and am is None and fm is None and kk == past + T, \
@@ -2324,7 +2369,8 @@ def _(data):
     if p.hit("attention_mask"):
         am = p.tensor("attention_mask", torch.ones(B, S, dtype=torch.bool), {
             "float": BAD, "list": BAD, "shorter": (BAD, lambda m: m[:, 1:]),
-            "all_false": (VALID, lambda m: m & False)})
+            "all_false": (VALID, lambda m: m & False)},
+            names=["source_mask"])  # encode's real-token mask of the source
     sm_kind = "default"
     if p.hit("source_mask"):
         sm_kind = p.draw(st.sampled_from(["float", "shorter", "batch"]))
@@ -2952,7 +2998,7 @@ def _(data):
                 "a window is not a slice of data"
 
 
-# ------------------------------------------------------------------ pretrained (chapter 14)
+# ------------------------------------------------------------------ pretrained, gguf (15, 16)
 
 @case("pretrained.bert_rules", "pretrained.gpt2_rules")
 def _(data):
@@ -2967,23 +3013,23 @@ def _(data):
                    f"self_attn.qkv.q_proj.weight" in out
 
 
-@case("pretrained.llama_rules", "pretrained.gguf_llama_rules")
+@case("pretrained.llama_rules", "gguf.gguf_llama_rules")
 def _(data):
-    pre = _mod("pretrained")
+    pre, gg = _mod("pretrained"), _mod("gguf")
     p = Probe(data, ["n_layers", "tied", "n_heads", "n_kv_heads"])
     n = p.value("n_layers", st.integers(1, 4), POS_INT_BAD)
     tied = p.value("tied", st.booleans(), ("yes", None, 2))
     heads = p.value("n_heads", st.sampled_from([2, 4]), POS_INT_BAD)
     kv = p.value("n_kv_heads", st.sampled_from([1, 2]), POS_INT_BAD)
     if p.target in ("n_heads", "n_kv_heads"):  # llama_rules takes neither
-        out = p.run(lambda: p.call("gguf_llama_rules", pre.gguf_llama_rules, n, heads,
+        out = p.run(lambda: p.call("gguf_llama_rules", gg.gguf_llama_rules, n, heads,
                                    kv, tied))
     else:
         out = p.run(lambda: p.call("llama_rules", pre.llama_rules, n, tied))
         if ok(out):
             head = out["head.weight"][0]
             assert head == ("embed_tokens.weight" if tied else "lm_head.weight"), head
-        out = p.run(lambda: p.call("gguf_llama_rules", pre.gguf_llama_rules, n, heads,
+        out = p.run(lambda: p.call("gguf_llama_rules", gg.gguf_llama_rules, n, heads,
                                    kv, tied))
     if ok(out):  # the un-permutation maps a head's pairs back to its two halves
         how = out["decoder.layers.0.self_attn.qkv.q_proj.weight"][1]

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from minitransformer.lora import add_lora, lora_layers, save_adapter, load_adapter
 from minitransformer.model import GPT, GPTConfig
-from minitransformer.pretrained import (
-    Tokenizer, gguf_llama_rules, llama_config, llama_rules, load_folder, load_gguf)
+from minitransformer.gguf import gguf_llama_rules, load_gguf
+from minitransformer.pretrained import Tokenizer, llama_config, llama_rules, load_folder
 from minitransformer.checkpoints import load_checkpoint, save_checkpoint
 
 gguf = pytest.importorskip("gguf")
@@ -28,7 +28,8 @@ LIMITED = r'''
 import json, resource, sys
 from pathlib import Path
 import torch
-from minitransformer.pretrained import load_folder, load_gguf
+from minitransformer.pretrained import load_folder
+from minitransformer.gguf import load_gguf
 from minitransformer.checkpoints import load_checkpoint
 vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30),) * 2)  # 2 GiB more than now

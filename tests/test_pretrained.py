@@ -1,5 +1,6 @@
-"""minitransformer.pretrained: real and random checkpoints loaded into our own modules,
-checked against `transformers` (and sentence-transformers) as references.
+"""minitransformer.pretrained and minitransformer.gguf: real and random checkpoints loaded
+into our own modules, checked against `transformers` (and sentence-transformers) as
+references.
 
 Real files (installed as data packages, never imported): all-MiniLM-L6-v2 (a BERT folder)
 and SmolLM2-135M-Instruct (a Q4_1 GGUF file). Random ones: tiny Llama, GPT-2 and BERT
@@ -15,10 +16,11 @@ import torch
 
 from minitransformer.data import shakespeare_plays
 from minitransformer.generation import generate
-from minitransformer.model import GPT
+from minitransformer.gguf import gguf_llama_rules, load_gguf, load_pretrained
+from minitransformer.model import GPT, mean_pool
 from minitransformer.pretrained import (
-    Tokenizer, attention_weights, fill, gguf_llama_rules, llama_config, llama_rules,
-    load_folder, load_gguf, load_pretrained, mean_pool)
+    Tokenizer, fill, llama_config, llama_rules, load_folder)
+from minitransformer.viz import attention_weights
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -119,7 +121,7 @@ def test_minilm_hidden_states_match_bert_on_padded_sentences(minilm, minilm_ref,
     model, tok = minilm[0].model, minilm[0].tokenizer
     ref_tok, ref = minilm_ref
     texts = minilm_sentences(plays)
-    ids, real = tok(texts)
+    ids, real = tok.encode_batch(texts)
     batch = ref_tok(texts, padding=True, return_tensors="pt")
     assert torch.equal(ids, batch["input_ids"]), "our padded batch differs"
     assert torch.equal(real, batch["attention_mask"].bool())
@@ -131,9 +133,26 @@ def test_minilm_hidden_states_match_bert_on_padded_sentences(minilm, minilm_ref,
     assert gap <= 1e-4, f"max |Δ| hidden states at real tokens = {gap:.3g} (limit 1e-4)"
 
 
+def test_encode_batch_pads_on_the_right_and_names_bad_texts(minilm):
+    tok = minilm[0].tokenizer
+    texts = ["it", "The animal rested because it was tired."]
+    ids, real = tok.encode_batch(texts)
+    rows = [tok.encode(t) for t in texts]
+    assert ids.dtype == torch.int64 and real.dtype == torch.bool, (ids.dtype, real.dtype)
+    assert ids.shape == real.shape == (2, max(map(len, rows))), (ids.shape, real.shape)
+    for b, row in enumerate(rows):
+        assert ids[b, :len(row)].tolist() == row and real[b].sum() == len(row), b
+        assert (ids[b, len(row):] == tok.pad_id).all(), "padding must be the pad token"
+    assert tok.decode(ids[0]) == "it" and "[CLS]" in tok.decode(ids[0], skip_special=False)
+    for bad, kind in (("one string", TypeError), (None, TypeError), ([], ValueError),
+                      ([3], TypeError)):
+        with pytest.raises(kind, match="text"):
+            tok.encode_batch(bad)
+
+
 def test_minilm_attention_weights_match_bert(minilm, minilm_ref, plays):
     model, tok = minilm[0].model, minilm[0].tokenizer
-    ids, real = tok(minilm_sentences(plays)[-4:])
+    ids, real = tok.encode_batch(minilm_sentences(plays)[-4:])
     mine = attention_weights(model, ids, attention_mask=real)  # (L, B, H, T, S)
     with torch.no_grad():
         theirs = torch.stack(minilm_ref[1](input_ids=ids, attention_mask=real.long(),
@@ -176,7 +195,7 @@ def test_minilm_mean_pool_matches_sentence_transformers(minilm, minilm_dir, play
     st = pytest.importorskip("sentence_transformers")
     loaded = minilm[0]
     texts = minilm_sentences(plays)
-    ids, real = loaded.tokenizer(texts)
+    ids, real = loaded.tokenizer.encode_batch(texts)
     with torch.no_grad():
         mine = mean_pool(loaded.model(ids, attention_mask=real), real)
     ref = st.SentenceTransformer(str(minilm_dir), device="cpu")
@@ -606,7 +625,7 @@ def test_smollm2_tokenizer_matches_on_special_tokens_and_odd_text(smol):
     chat = ours.tokenizer.encode(texts[0])
     im_start = ours.tokenizer.backend.token_to_id("<|im_start|>")
     assert chat.count(im_start) == 5, "each turn opens with one <|im_start|> token"
-    assert ours.tokenizer.decode(chat, skip_special_tokens=False) == texts[0]
+    assert ours.tokenizer.decode(chat, skip_special=False) == texts[0]
 
 
 @pytest.mark.parametrize("messages", [CHAT, CHAT[1:2]], ids=["system+turns", "no system"])

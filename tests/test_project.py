@@ -143,3 +143,66 @@ def test_chapters_use_only_earlier_chapters():
         late += [f"{stem} imports {m} (chapter {rank[m]})" for m in _imported_modules(code)
                  if m in rank and rank[m] > i]
     assert not late, "chapters must only use earlier chapters: " + "; ".join(late)
+
+
+def _package_modules() -> dict[str, "ast.Module"]:
+    "The package's modules (not nbdev's index), parsed: {name: syntax tree}."
+    import ast
+    return {p.stem: ast.parse(p.read_text(encoding="utf-8"))
+            for p in sorted((ROOT / "minitransformer").glob("*.py"))
+            if p.stem not in ("__init__", "_modidx")}
+
+
+def test_each_helper_is_defined_in_one_module():
+    """Each thing is said once: no function, class or constant name is defined at the top
+    level of two modules (two helpers of one name doing different jobs, or one job
+    written twice), and no module imports another module's private name."""
+    import ast
+    where: dict[str, list[str]] = {}
+    private_imports = []
+    for module, tree in _package_modules().items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                names = []
+            for name in names:
+                if name != "__all__":
+                    where.setdefault(name, []).append(module)
+            if isinstance(node, ast.ImportFrom) and (
+                    node.level > 0 or (node.module or "").startswith("minitransformer")):
+                private_imports += [f"{module} imports {node.module}.{a.name}"
+                                    for a in node.names if a.name.startswith("_")]
+    twice = {name: mods for name, mods in where.items() if len(mods) > 1}
+    assert not twice, f"defined in more than one module: {twice}"
+    assert not private_imports, "private names imported across modules: " + \
+        "; ".join(private_imports)
+
+
+# Phrases that stand for one check or one message: each may appear in one module only.
+ONE_PLACE = {
+    "the integer-dtype test": r"is_floating_point\(\)\s+or\s+\w+\.is_complex\(\)",
+    "the 'convert it with .to()' advice": r"with \.to\(\)",
+    "the KV-cache overflow message": r"KV cache overflow",
+    "the head-divisibility message": r"must be divisible by n_heads",
+    "the list-to-padded-tensor loop": r"torch\.full\(\(.*pad",
+}
+
+
+@pytest.mark.parametrize("what", sorted(ONE_PLACE))
+def test_each_check_is_written_once(what):
+    found = [p.stem for p in sorted((ROOT / "minitransformer").glob("*.py"))
+             if p.stem != "_modidx" and re.search(ONE_PLACE[what], p.read_text())]
+    assert len(found) <= 1, f"{what} is written in {found}: call the one in {found[0]}"
+
+
+def test_modules_have_one_job_each():
+    "No module is a grab-bag: the longest stays readable in one sitting."
+    sizes = {p.stem: len(p.read_text().splitlines())
+             for p in (ROOT / "minitransformer").glob("*.py") if p.stem != "_modidx"}
+    long = {m: n for m, n in sizes.items() if n > 620}
+    assert not long, f"modules over 620 lines: {long}"
+    assert sizes["training"] <= 520, f"training.py has {sizes['training']} lines"

@@ -202,6 +202,12 @@ def model_from_rules(
     shape first (`expected_layout`, `check_rules`), without a model; then reads each
     tensor once, converts it, and hands it to a model built on the meta device
     (`model_from_state`: no random weights first, no second copy)."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"cls must be a torch.nn.Module class, got {cls!r:.60}")
+    if not callable(tensor):
+        raise TypeError(f"tensor must be a function of a name, got "
+                        f"{type(tensor).__name__}")
+    check_float_dtype(dtype)
     layout, tied = expected_layout(cls, config)  # no model built yet
     unused = check_rules({k: shape for k, (_, shape) in layout.items()}, rules,
                          source_shapes, where)

@@ -25,7 +25,7 @@ __all__ = ['FORMAT', 'MODEL_CLASSES', 'TRAIN_PREFIX', 'write_safetensors', 'save
            'model_from_state', 'read_train_state']
 
 # %% ../nbs/92_checkpoints.ipynb #b5ca59d4
-FORMAT = "minitransformer-checkpoint-3"  # safetensors + JSON (2 was torch.save's)
+FORMAT = "minitransformer-checkpoint-3"  # the format's name and version
 MODEL_CLASSES = {  # what a checkpoint may hold: class name -> (class, config class)
     "GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
     "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
@@ -138,8 +138,8 @@ def _config(path, cfg_cls: type, fields: dict, n_tensors: int):
 
 def check_layer_count(path, config, n_tensors: int) -> None:
     """Raise unless the layers `config` claims (its `n_…layers` fields) could be backed
-    by a file of `n_tensors` tensors: every layer holds several. Building a model of
-    10⁷ layers takes minutes even on the meta device; this takes microseconds."""
+    by a file of `n_tensors` tensors: every layer holds several. It runs before
+    `expected_layout`, whose list of names grows with the layers claimed."""
     layers = {k: v for k, v in asdict(config).items()
               if k.startswith("n_") and k.endswith("layers")}
     if sum(layers.values()) > n_tensors:
@@ -176,7 +176,8 @@ def expected_layout(cls: type, config) -> tuple[dict, dict]:
     """{name: (floating?, shape)} of `cls(config)`'s state dict and its tied names
     ({name: the name it shares a parameter with}), without building that model: from
     meta-device models with one and two layers per stack, whose layers repeat. The
-    cost does not grow with the layers a config claims (bound them first)."""
+    models cost the same for any number of layers; the names returned grow with
+    them (`check_layer_count` bounds them first)."""
     fields = [k for k in asdict(config) if k.startswith("n_") and k.endswith("layers")]
     small = replace(config, **{f: 1 for f in fields})
     with torch.device("meta"):  # shapes only: nothing is allocated

@@ -12,8 +12,8 @@ from .checkpoints import check_layer_count, name_in_errors
 from .core import (check_flag, check_float_dtype, check_number,
                                   check_positive_int)
 from .model import GPT, GPTConfig
-from .pretrained import (Pretrained, Rule, Tokenizer, load_folder,
-                                        model_from_rules)
+from .pretrained import (
+    Pretrained, PretrainedTokenizer, Rule, load_folder, model_from_rules)
 
 # %% auto #0
 __all__ = ['read_gguf', 'gguf_llama_rules', 'gguf_config', 'tokenizer_from_gguf', 'load_gguf', 'load_pretrained']
@@ -126,10 +126,10 @@ def gguf_config(meta: dict, tensors: dict, max_len: int | None = None) -> GPTCon
         pad_id=meta.get("tokenizer.ggml.padding_token_id", 0))
 
 # %% ../nbs/16_gguf.ipynb #4011bb2d
-def tokenizer_from_gguf(meta: dict) -> Tokenizer:
-    """The `Tokenizer` of a GGUF file's metadata: byte-level BPE from its vocabulary
-    and merges (llama.cpp's `gpt2` tokenizer model) with its control tokens kept
-    whole, its special tokens, and its chat template."""
+def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
+    """The `PretrainedTokenizer` of a GGUF file's metadata: byte-level BPE from its
+    vocabulary and merges (llama.cpp's `gpt2` tokenizer model) with its control
+    tokens kept whole, its special tokens, and its chat template."""
     from tokenizers import AddedToken, Tokenizer as Backend, decoders, models
     from tokenizers import pre_tokenizers
     kind = meta.get("tokenizer.ggml.model")
@@ -170,7 +170,7 @@ def tokenizer_from_gguf(meta: dict) -> Tokenizer:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
             raise ValueError(f"{key} is {i!r}, not a token id below {len(tokens)}")
         return tokens[i]
-    return Tokenizer(backend, name("bos"), name("eos"), name("padding"),
+    return PretrainedTokenizer(backend, name("bos"), name("eos"), name("padding"),
                      meta.get("tokenizer.chat_template"),
                      bool(meta.get("tokenizer.ggml.add_bos_token", False)))
 

@@ -20,7 +20,8 @@ from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
 
 # %% auto #0
 __all__ = ['Rule', 'KNOWN_UNUSED', 'FAMILIES', 'bert_rules', 'llama_rules', 'gpt2_rules', 'check_rules', 'fill',
-           'model_from_rules', 'bert_config', 'llama_config', 'gpt2_config', 'Tokenizer', 'Pretrained', 'load_folder']
+           'model_from_rules', 'bert_config', 'llama_config', 'gpt2_config', 'PretrainedTokenizer', 'Pretrained',
+           'load_folder']
 
 # %% ../nbs/15_pretrained.ipynb #af4d439f
 Rule = tuple[str, Callable | None]  # a source tensor's name, and what to do to it
@@ -307,7 +308,7 @@ def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-class Tokenizer:
+class PretrainedTokenizer:
     """Text ↔ token ids for a pretrained model (a `tokenizers.Tokenizer` inside), with
     its special tokens and its chat template."""
 
@@ -336,7 +337,7 @@ class Tokenizer:
     vocab_size = property(lambda self: self.backend.get_vocab_size())
 
     @classmethod
-    def from_folder(cls, folder) -> Tokenizer:
+    def from_folder(cls, folder) -> PretrainedTokenizer:
         "From tokenizer.json and, if present, tokenizer_config.json."
         from tokenizers import Tokenizer as Backend
         folder = Path(folder)
@@ -412,7 +413,7 @@ class Tokenizer:
 class Pretrained:
     "A loaded model with what came with it."
     model: nn.Module  # our GPT or TextEncoder, in eval mode
-    tokenizer: Tokenizer | None  # None if the source has no tokenizer
+    tokenizer: PretrainedTokenizer | None  # None if the source has no tokenizer
     unused: dict[str, str]  # source tensors not needed by our model -> why
     source: str  # where the weights came from
 
@@ -471,7 +472,7 @@ def load_folder(folder, dtype: torch.dtype = torch.float32,
         config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
     tokenizer = None  # read first: a bad tokenizer file costs no weights
     if (folder / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.from_folder(folder)
+        tokenizer = PretrainedTokenizer.from_folder(folder)
     tensor, shapes = _safetensors(folder)
     check_layer_count(config_file, config, len(shapes))
     names = _strip(shapes, prefixes)

@@ -98,7 +98,7 @@ EXEMPT = {
     "core.inside": "calls any function with the door's flag raised (tests/test_door.py)",
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
-           "fill", "check_rules", "model_from_rules", "load_folder", "Tokenizer",
+           "fill", "check_rules", "model_from_rules", "load_folder", "PretrainedTokenizer",
            "Pretrained")},
     **{f"gguf.{name}": "reads GGUF files or their metadata; its own tests "
        "(tests/test_pretrained.py, tests/test_hostile_files.py)" for name in (

@@ -19,7 +19,7 @@ from minitransformer.generation import generate
 from minitransformer.gguf import gguf_llama_rules, load_gguf, load_pretrained
 from minitransformer.model import GPT, mean_pool
 from minitransformer.pretrained import (
-    Tokenizer, fill, llama_config, llama_rules, load_folder)
+    PretrainedTokenizer, fill, llama_config, llama_rules, load_folder)
 from minitransformer.viz import attention_weights
 
 transformers = pytest.importorskip("transformers")
@@ -641,7 +641,7 @@ def test_smollm2_tokenizer_saved_by_transformers_reads_back(smol, tmp_path):
     "from_folder on a byte-level BPE tokenizer.json as transformers writes it."
     ours, _, tok = smol
     tok.save_pretrained(tmp_path)
-    again = Tokenizer.from_folder(tmp_path)
+    again = PretrainedTokenizer.from_folder(tmp_path)
     text = tok.apply_chat_template(CHAT, tokenize=False) + " 1234 naïve"
     assert again.encode(text) == tok(text)["input_ids"], text
     assert (again.bos, again.eos) == (tok.bos_token, tok.eos_token)
@@ -660,7 +660,7 @@ def test_smollm2_digits_are_split_off_first_as_llama_cpp_does(smol):
 def test_smollm2_chat_template_survives_a_transformers_save(smol, tmp_path):
     _, _, tok = smol
     tok.save_pretrained(tmp_path)
-    again = Tokenizer.from_folder(tmp_path)
+    again = PretrainedTokenizer.from_folder(tmp_path)
     want = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
     assert again.chat_template is not None and again.apply_chat_template(CHAT) == want
 

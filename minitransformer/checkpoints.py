@@ -329,6 +329,10 @@ def read_train_state(path: Path, meta: dict, layout: dict,
     `read_header`), read into memory and checked against the weights trained now:
     its JSON info, optimiser state by position in `trained`, random states, the
     weight average (in `averaged`'s order) and the logs of losses and rates."""
+    if not trained or not set(averaged or ()) <= trained.keys():
+        raise ValueError("trained must name at least one weight, and averaged only "
+                         "weights of trained")
+
     def fail(why: str) -> ValueError:
         return ValueError(f"{path}: {why}")
     if "train" not in meta:
@@ -349,8 +353,8 @@ def read_train_state(path: Path, meta: dict, layout: dict,
     need = {f"{TRAIN_PREFIX}rng/cpu": None, f"{TRAIN_PREFIX}log/lrs": (step,),
             f"{TRAIN_PREFIX}log/losses": (step,)}
     if averaged is not None:
-        need |= {f"{TRAIN_PREFIX}average/{n}": tuple(p.shape)
-                 for n, p in trained.items()}
+        need |= {f"{TRAIN_PREFIX}average/{n}": tuple(trained[n].shape)
+                 for n in averaged}
     for name, shape in need.items():
         if name not in layout or shape not in (None, layout[name][1]):
             raise fail(f"its training state lacks {name} of shape {shape}, or it was "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections import Counter
 from typing import Iterable, Sequence
@@ -17,7 +18,7 @@ from .core import (
     is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'pad_ids', 'check_token_ids', 'TokenEmbedding']
+__all__ = ['SPECIAL_TOKENS', 'check_id_list', 'Vocabulary', 'Tokenizer', 'pad_ids', 'check_token_ids', 'TokenEmbedding']
 
 # %% ../nbs/02_embeddings.ipynb #84d4e193
 def _as_list(values, name: str, what: str) -> list:
@@ -39,9 +40,10 @@ def _strings(values, name: str) -> list[str]:
     return values
 
 
-def _id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]:
-    """`ids` (ints, or a 0-D/1-D integer tensor) as a list of ids, each in
-    `[0, vocab_size)` if a `vocab_size` is given; else raise naming `name`."""
+def check_id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]:
+    """`ids` (ints, or a 0-D/1-D integer tensor) as a list of plain ints, each in
+    `[0, vocab_size)` if a `vocab_size` is given; else raise naming `name`. The one
+    check of token ids given as Python ints (`check_token_ids` checks a tensor's)."""
     if isinstance(ids, torch.Tensor):
         if not is_integer_tensor(ids):
             raise TypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
@@ -51,13 +53,16 @@ def _id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]
     elif isinstance(ids, (str, bytes)):
         raise TypeError(f"{name} must be token ids (ints), got {type(ids).__name__}")
     ids = _as_list(ids, name, "ints")
+    if vocab_size is not None:
+        check_positive_int(vocab_size, "vocab_size")
     for i in ids:
-        if not isinstance(i, int) or isinstance(i, bool):
+        if type(i) is not int and (not isinstance(i, numbers.Integral)
+                                   or isinstance(i, bool)):
             raise TypeError(f"{name} must be ints, got {i!r} ({type(i).__name__})")
         if vocab_size is not None and not 0 <= i < vocab_size:
-            raise ValueError(f"token id {i!r} is outside the vocabulary of "
+            raise ValueError(f"{name}: token id {i!r} is outside the vocabulary of "
                              f"{vocab_size} tokens (ids 0..{vocab_size - 1})")
-    return ids
+    return [int(i) for i in ids]  # (NumPy and torch integers become plain ints)
 
 # %% ../nbs/02_embeddings.ipynb #e63a56ca
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0-3 in every vocabulary
@@ -127,7 +132,7 @@ class Tokenizer(Vocabulary):
                skip_special: bool = True) -> str:
         """Text of `ids`; drops specials (not `<unk>`) unless `skip_special=False`.
         No ids give the empty string."""
-        ids = _id_list(ids, len(self))
+        ids = check_id_list(ids, len(self))
         toks = [self.itos[i] for i in ids
                 if not (skip_special and i != self.unk_id and i < len(SPECIAL_TOKENS))]
         if self.level == "char":
@@ -154,15 +159,16 @@ def pad_ids(rows: Sequence[Sequence[int]],  # B rows of token ids, of any length
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids `(B, T)` int64, T the longest row, and the mask `(B, T)` bool, True at
     real tokens. `rows` must hold at least one row; a row may be empty."""
-    if isinstance(rows, (str, bytes, torch.Tensor)):
-        raise TypeError(f"rows must be a sequence of lists of token ids, got "
-                        f"{type(rows).__name__}")
-    rows = _as_list(rows, "rows", "lists of token ids")
-    rows = [_id_list(r, name=f"rows[{b}]") for b, r in enumerate(rows)]
-    if not rows:
-        raise ValueError("rows must hold at least one row of token ids, got none")
-    check_int(pad_id, "pad_id")
-    check_flag(left, "left")
+    if not door.checked:  # (chapter 0: checked once, at the door; e.g. by generate)
+        if isinstance(rows, (str, bytes, torch.Tensor)):
+            raise TypeError(f"rows must be a sequence of lists of token ids, got "
+                            f"{type(rows).__name__}")
+        rows = _as_list(rows, "rows", "lists of token ids")
+        rows = [check_id_list(r, name=f"rows[{b}]") for b, r in enumerate(rows)]
+        if not rows:
+            raise ValueError("rows must hold at least one row of token ids, got none")
+        check_int(pad_id, "pad_id", minimum=0)
+        check_flag(left, "left")
     T = max(map(len, rows))
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), T, dtype=torch.bool)

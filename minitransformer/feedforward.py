@@ -9,7 +9,7 @@ from torch import nn
 
 from minitransformer.core import (
     check_dropout, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    door, shape_str)
+    check_width, door)
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -79,8 +79,5 @@ class FeedForward(nn.Module):
 # %% ../nbs/06_feedforward.ipynb #64b35976
 def _check_input(x, d_model: int, dtype: torch.dtype) -> None:
     "Raise unless `x` is a floating tensor `(..., d_model)` of the weights' `dtype`."
-    check_tensor(x, "x", min_dim=1, floating=True)
-    if x.shape[-1] != d_model:
-        raise ValueError(f"x has width {x.shape[-1]} (shape {shape_str(x)}) but "
-                         f"FeedForward expects d_model={d_model}")
+    check_width(x, "x", d_model, "FeedForward expects d_model")
     check_dtype(x, "x", dtype, "the FeedForward's weights")

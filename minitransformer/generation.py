@@ -3,14 +3,12 @@
 # %% ../nbs/12_generation.ipynb #95ed2390
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from .core import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
-    check_tensor, door, inside, is_integer_tensor, shape_str)
-from .embeddings import pad_ids
+    check_tensor, door, inside, shape_str)
+from .embeddings import check_id_list, pad_ids
 from .model import GPT, Transformer
 
 # %% auto #0
@@ -81,29 +79,23 @@ def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor
 # %% ../nbs/12_generation.ipynb #3a1ec161
 def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
     "`prompts` as B non-empty lists of ids in [0, vocab_size); else raise naming it."
-    if isinstance(prompts, torch.Tensor):
-        if prompts.dim() != 2 or not is_integer_tensor(prompts):
-            raise ValueError(f"{name} as a tensor must be integer (B, T), got "
-                             f"{prompts.dtype} of shape {shape_str(prompts)}")
-        prompts = prompts.tolist()
-    ok = isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(
-        isinstance(p, (list, tuple)) and len(p) > 0 for p in prompts)
-    if not ok:
-        raise ValueError(f"{name} must be B >= 1 non-empty lists of token ids (one per "
-                         f"row), got {prompts!r:.60}")
-    for p in prompts:
-        for i in p:
-            if (not isinstance(i, numbers.Integral) or isinstance(i, bool)
-                    or not 0 <= i < vocab_size):
-                raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), "
-                                 f"got {i!r}")
-    return [[int(i) for i in p] for p in prompts]
+    if isinstance(prompts, torch.Tensor) and prompts.dim() != 2:
+        raise ValueError(f"{name} as a tensor must be (B, T), got shape "
+                         f"{shape_str(prompts)}")
+    if not isinstance(prompts, (list, tuple, torch.Tensor)):
+        raise TypeError(f"{name} must be B lists of token ids (one per row) or a "
+                        f"(B, T) tensor, got {type(prompts).__name__}")
+    rows = [check_id_list(p, vocab_size, f"{name}[{b}]") for b, p in enumerate(prompts)]
+    if not rows or not all(rows):
+        raise ValueError(f"{name} must be B >= 1 non-empty rows of token ids, got "
+                         f"{prompts!r:.60}")
+    return rows
 
 
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
     """Ids `(B, total)`, each prompt ending at column P (the longest prompt's length)
     and `pad` after it; the real-token mask; positions from each row's first token."""
-    ids, real = pad_ids(rows, pad, left=True)  # (B, P) each
+    ids, real = inside(pad_ids, rows, pad, left=True)  # (B, P) each (rows: checked)
     (B, P), more = ids.shape, total - ids.shape[1]  # more: columns for new tokens
     ids = torch.cat([ids, ids.new_full((B, more), pad)], 1).to(device)
     real = torch.cat([real, real.new_zeros(B, more)], 1).to(device)  # which hold tokens
@@ -156,7 +148,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         src_rows = _as_rows(source, "source", c.src_vocab_size)
         if len(src_rows) != B:
             raise ValueError(f"{B} prompts but {len(src_rows)} sources")
-        src = pad_ids(src_rows, model.config.pad_id)[0].to(device)  # right-padded
+        src = inside(pad_ids, src_rows, model.config.pad_id)[0].to(device)  # right
         memory, source_mask = model.encode(src)
     cache, static = None, backend is not None
     if use_cache and encdec:

@@ -13,7 +13,7 @@ from .core import (
 from .layers import Decoder
 
 # %% auto #0
-__all__ = ['KVCache', 'DecoderCache']
+__all__ = ['KVCache', 'check_encoder_output', 'DecoderCache']
 
 # %% ../nbs/10_kv_cache.ipynb #12dd146b
 class KVCache:
@@ -79,9 +79,7 @@ class KVCache:
     def truncate(self, length: int) -> None:
         "Forget every position from `length` on (the buffers are kept)."
         self._alone("truncate")
-        if check_int(length, "length", minimum=0) > self.length:
-            raise ValueError(f"length must be in [0, {self.length}], got {length}")
-        self.length = length
+        self.length = _check_truncation(length, self.length)
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         "The stored keys and values, views `(B, H_kv, len, D)`."
@@ -104,6 +102,14 @@ class KVCache:
                 f"dtype={self.k.dtype}, device={self.k.device}{static})")
 
 # %% ../nbs/10_kv_cache.ipynb #76b0c7b4
+def _check_truncation(length, current: int) -> int:
+    "`length` as an int if it is in [0, current], a length a cache may be cut to."
+    length = check_int(length, "length", minimum=0)
+    if length > current:
+        raise ValueError(f"length must be in [0, {current}], got {length}")
+    return length
+
+
 def _check_room(past: int, T: int, max_len: int) -> None:
     "Raise unless T new positions fit after `past` cached ones in a cache of `max_len`."
     if past + T > max_len:
@@ -127,16 +133,27 @@ def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                          "same number of positions")
 
 # %% ../nbs/10_kv_cache.ipynb #3f958e4a
+def check_encoder_output(memory, d_model: int,
+                         batch_size: int | None = None) -> torch.Tensor:
+    """`memory` if it is an encoder output `(B, S, C)`: floating, B, S >= 1, C =
+    `d_model` and B = `batch_size` if given; else raise naming `memory`."""
+    check_tensor(memory, "memory", floating=True)
+    check_positive_int(d_model, "d_model")
+    B = "B" if batch_size is None else check_positive_int(batch_size, "batch_size")
+    if (memory.dim() != 3 or 0 in memory.shape or memory.shape[2] != d_model
+            or (batch_size is not None and memory.shape[0] != batch_size)):
+        raise ValueError(f"memory must be the encoder output (B, S, C) = ({B}, S, "
+                         f"{d_model}) with B, S >= 1, got shape {shape_str(memory)}")
+    return memory
+
+
 def _check_cross_source(memory, cache: KVCache, d_model: int) -> None:
     "Raise unless `memory` `(B, S, C)` fits a cross-attention cache."
-    check_tensor(memory, "memory", floating=True)
+    B, _, S_max, _ = cache.k.shape
+    check_encoder_output(memory, d_model, B)
     check_dtype(memory, "memory", cache.k.dtype, "the cache's keys and values",
                 autocast_ok=False)
-    B, _, S_max, _ = cache.k.shape
-    if memory.dim() != 3 or memory.shape[0] != B or memory.shape[-1] != d_model:
-        raise ValueError(f"memory must be (B, S, C) = ({B}, S, {d_model}) for this "
-                         f"cache and decoder, got {shape_str(memory)}")
-    if not 1 <= memory.shape[1] <= S_max:
+    if memory.shape[1] > S_max:
         raise ValueError(f"memory holds {memory.shape[1]} positions, but the cache was "
                          f"allocated for source_len={S_max}")
 
@@ -283,9 +300,7 @@ class DecoderCache:
 
     def truncate(self, length: int) -> None:
         "Forget every token from `length` on (the buffers are kept)."
-        if check_int(length, "length", minimum=0) > self.length:
-            raise ValueError(f"length must be in [0, {self.length}], got {length}")
-        self.length = length
+        self.length = _check_truncation(length, self.length)
 
 
 def _check_allocation(caches: list, layer, B: int) -> None:

@@ -11,10 +11,10 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .attention import check_mask
-from minitransformer.core import (
+from .core import (
     broadcast_shape, check_bool_mask, check_choice, check_dropout, check_dtype,
-    check_flag, check_float_dtype, check_number, check_positive_int, check_tensor, door,
-    inside, shape_str)
+    check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
+    check_width, door, inside, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, check_heads, default_positions
 
@@ -38,7 +38,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not door.checked:  # (chapter 0: checked once, at the door)
-            _check_norm_input(x, "x", self.d_model)
+            check_width(x, "x", self.d_model)
         if _FUSED_RMS_NORM and x.is_cuda:  # torch's rms_norm (one fused kernel on
             # recent CUDA builds); on the CPU it runs the steps below, no faster
             return F.rms_norm(x.float(), (self.d_model,), self.weight.float(),
@@ -102,13 +102,6 @@ def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, device=Non
         return nn.LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
     return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
 
-
-def _check_norm_input(x, name: str, width: int) -> None:
-    "Raise unless `x` is a floating tensor `(..., width)`."
-    check_tensor(x, name, min_dim=1, floating=True)
-    if x.shape[-1] != width:
-        raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}), "
-                         f"expected {width}")
 
 # %% ../nbs/09_layers.ipynb #a9308ebe
 @dataclass(frozen=True, kw_only=True)
@@ -187,13 +180,10 @@ class _Sublayers(nn.Module):
                                   rotary=rotary, n_kv_heads=c.n_kv_heads)
 
     def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
-        check_tensor(x, name, min_dim=3, floating=True)
+        check_width(x, name, self.cfg.d_model, "the layer has d_model", min_dim=3)
         if 0 in x.shape[:-1]:
             raise ValueError(f"{name} must hold at least one token, got shape "
                              f"{shape_str(x)}")
-        if x.shape[-1] != self.cfg.d_model:
-            raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)}) "
-                             f"but the layer has d_model={self.cfg.d_model}")
         check_dtype(x, name, self.ff_norm.weight.dtype, "the layer's weights")
 
 

@@ -12,7 +12,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .core import check_dropout, check_number, check_positive_int
+from .core import (
+    check_dropout, check_module, check_number, check_positive_int)
 from .checkpoints import (
     name_in_errors, parse_json_object, tied_parameters, write_safetensors)
 
@@ -105,8 +106,7 @@ def add_lora(model: nn.Module,
     dotted path, e.g. `q_proj`) is one of `targets` in a `LoRALinear`; the parameters
     under `trainable` (e.g. a new task head) stay trainable. Returns the names of the
     wrapped layers."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module(model)
     if isinstance(targets, str) or not targets:
         raise ValueError(f"targets must be a non-empty list of layer names, got "
                          f"{targets!r}")
@@ -196,8 +196,7 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     with or without LoRA layers yet (they are added as the file describes). The
     file's header — every layer's settings, every tensor's name and shape — is checked
     before anything is read or changed: a refused file leaves `model` as it was."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_module(model)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no adapter file at {path}")

@@ -9,11 +9,12 @@ import torch
 from torch import nn
 
 from .attention import check_mask
-from .core import (
-    check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_number,
-    check_positive_int, check_tensor, door, inside, is_integer_tensor, shape_str)
+from minitransformer.core import (
+    check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_module,
+    check_number, check_positive_int, check_tensor, door, inside, is_integer_tensor,
+    shape_str)
 from .embeddings import TokenEmbedding, check_token_ids
-from .kv_cache import DecoderCache
+from .kv_cache import DecoderCache, check_encoder_output
 from .layers import Decoder, Encoder, LayerConfig
 from .masks import (
     check_decoder_masks, decoder_mask, padding_mask_from_real)
@@ -94,17 +95,25 @@ class _Embed(nn.Module):
         return self.drop(x) if self.training and self.drop.p else x
 
 # %% ../nbs/11_model.ipynb #7f5bef0e
-def _ids(ids: torch.Tensor, name: str, max_len: int, past: int = 0) -> tuple[int, int]:
+def _ids(ids: torch.Tensor, name: str) -> tuple[int, int]:
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
     if not door.checked:  # (chapter 0: checked once, at the door)
         check_tensor(ids, name)
-        if ids.dim() != 2 or 0 in ids.shape or not is_integer_tensor(ids):
-            raise ValueError(f"{name} must be (B, T) integer token ids with B, T >= 1, "
-                             f"got {ids.dtype} of shape {shape_str(ids)}")
-        if past + ids.shape[1] > max_len:
-            raise ValueError(f"{past} earlier + {ids.shape[1]} new tokens exceed the "
-                             f"model's max_len {max_len}")
+        if not is_integer_tensor(ids):
+            raise TypeError(f"{name} must be integer token ids (torch.long), got "
+                            f"dtype {ids.dtype}")
+        if ids.dim() != 2 or 0 in ids.shape:
+            raise ValueError(f"{name} must be (B, T) token ids with B, T >= 1, got "
+                             f"shape {shape_str(ids)}")
     return ids.shape
+
+
+def _check_length(T: int, max_len: int, past: int = 0,
+                  earlier: str = "earlier") -> None:
+    "Raise unless `past` earlier positions (cached, or prefix vectors) and T fit."
+    if past + T > max_len:
+        before = f"{past} {earlier} + " if past else ""
+        raise ValueError(f"{before}{T} tokens exceed the model's max_len {max_len}")
 
 
 def _check_model_positions(positions, B: int, T: int, max_len: int) -> None:
@@ -126,8 +135,7 @@ def _check_config(config, cls: type) -> None:
 def count_parameters(model: nn.Module) -> int:
     """How many trainable numbers `model` holds: the elements of its trainable
     parameters, each tensor counted once (a tied matrix is one tensor)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_module(model)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
@@ -151,10 +159,10 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     """Raise unless a decoder call's ids, positions, cache and masks fit `model` (a
     `GPT` or a `Transformer`) and each other; return B."""
     c = model.config
-    B, T = _ids(ids, name, c.max_len)
+    B, T = _ids(ids, name)
     model.decoder.check_cache(cache, B, T, memory)
     past = 0 if cache is None else len(cache)
-    _ids(ids, name, c.max_len, past)  # past + T within max_len
+    _check_length(T, c.max_len, past)
     check_token_ids(ids, vocab_size, name)  # reads the values
     _check_model_positions(positions, B, T, c.max_len)
     keys = None if cache is None or not cache.static else cache.max_len
@@ -263,16 +271,6 @@ class TransformerConfig(TextConfig):
     _encodings = ("learned", "sinusoidal")  # rotary would need rotary cross-attention
 
 # %% ../nbs/11_model.ipynb #42a88a50
-def _check_encoder_output(memory, B: int, d_model: int, required: bool = False) -> None:
-    "Raise unless `memory` is None (when allowed) or an encoder output `(B, S, C)`."
-    if memory is None and not required:
-        return
-    check_tensor(memory, "memory", floating=True)
-    if memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != d_model:
-        raise ValueError(f"memory must be the encoder output (B, S, C) = ({B}, S, "
-                         f"{d_model}), got shape {shape_str(memory)}")
-
-
 def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
     "S, the number of source positions: from memory, a filled cross cache, or the mask."
     if memory is not None:
@@ -303,7 +301,8 @@ class Transformer(nn.Module):
         """Encoder output `(B, S, C)` and the source's real-token mask `(B, S)`
         (`source_mask`, by default: the tokens that are not `pad_id`)."""
         if not door.checked:  # (chapter 0: checked once, at the door)
-            B, S = _ids(src, "src", self.config.max_len)
+            B, S = _ids(src, "src")
+            _check_length(S, self.config.max_len)
             check_token_ids(src, self.config.src_vocab_size, "src")
             if source_mask is not None:
                 padding_mask_from_real(source_mask, B, S, "source_mask")
@@ -346,8 +345,8 @@ class Transformer(nn.Module):
         "Raise unless `decode`'s arguments are well formed and fit each other."
         B = _check_decoding(self, tgt, "tgt", self.config.tgt_vocab_size, positions,
                             cache, memory, attention_mask, None)
-        _check_encoder_output(memory, B, self.config.d_model)
         if memory is not None:
+            check_encoder_output(memory, self.config.d_model, B)
             self.decoder.layers[0]._check_x(memory, "memory")  # its dtype
         elif cache is None:
             raise ValueError("decode needs the encoder output `memory`, or a cache "
@@ -369,8 +368,7 @@ class Transformer(nn.Module):
                    static: bool = False) -> DecoderCache:
         """Empty self-attention caches (`static`: see GPT's); cross-attention caches
         filled from `memory`."""
-        _check_encoder_output(memory, len(memory), self.config.d_model,
-                              required=True)
+        check_encoder_output(memory, self.config.d_model)  # its shape sizes the cache
         max_len = (self.config.max_len if max_len is None
                    else check_positive_int(max_len, "max_len"))
         cache = DecoderCache.for_decoder(self.decoder, memory.shape[0], max_len,
@@ -424,8 +422,9 @@ class TextEncoder(nn.Module):
         embeddings: they are real, take positions 0..P-1 and token type 0."""
         args = (ids, attention_mask, token_type_ids, prefix)
         if not door.checked:  # (chapter 0: checked once, at the door)
-            P = 0 if prefix is None else self._check_prefix(prefix, len(ids))
-            B, T = _ids(ids, "ids", self.config.max_len, past=P)
+            B, T = _ids(ids, "ids")
+            P = 0 if prefix is None else self._check_prefix(prefix, B)
+            _check_length(T, self.config.max_len, P, "prefix vectors")
             check_token_ids(ids, self.config.vocab_size, "ids")
             if attention_mask is not None:
                 padding_mask_from_real(attention_mask, B, T, "attention_mask")
@@ -474,11 +473,12 @@ def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
     """One vector per text: the average of its real tokens' vectors (as
     sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1 if
     `normalize`. A text with no real token gets the zero vector."""
-    check_tensor(hidden, "hidden", floating=True)
-    check_bool_mask(mask, "mask")
-    if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
-        raise ValueError(f"hidden must be (B, T, C) and mask (B, T), got shapes "
-                         f"{shape_str(hidden)} and {shape_str(mask)}")
+    if not door.checked:  # (chapter 0: checked once, at the door)
+        check_tensor(hidden, "hidden", floating=True)
+        check_bool_mask(mask, "mask")
+        if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
+            raise ValueError(f"hidden must be (B, T, C) and mask (B, T), got shapes "
+                             f"{shape_str(hidden)} and {shape_str(mask)}")
     weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
     return nn.functional.normalize(pooled, dim=-1) if normalize else pooled
@@ -526,7 +526,8 @@ class EncoderClassifier(nn.Module):
                 attention_mask: torch.Tensor | None = None,  # (B, T), True = real
                 ) -> torch.Tensor:  # (B, n_classes)
         if not door.checked:  # (chapter 0: checked once, at the door)
-            B, T = _ids(ids, "ids", self.config.max_len)
+            B, T = _ids(ids, "ids")
+            _check_length(T, self.config.max_len)
             check_token_ids(ids, self.config.vocab_size, "ids")
             if attention_mask is not None:
                 padding_mask_from_real(attention_mask, B, T, "attention_mask")

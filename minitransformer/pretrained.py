@@ -14,7 +14,8 @@ from torch import nn
 from .checkpoints import (check_layer_count, expected_layout,
                                          model_from_state, name_in_errors,
                                          parse_json_object)
-from .core import check_flag, check_float_dtype, check_positive_int
+from .core import (
+    check_flag, check_float_dtype, check_module, check_positive_int)
 from .embeddings import pad_ids
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
 
@@ -170,8 +171,7 @@ def fill(model: nn.Module,
          ) -> dict[str, str]:  # the source tensors left unused -> why
     """Copy a checkpoint into `model` by `rules`: every name and shape is checked
     (`check_rules`) before a tensor is read or anything written."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_module(model)
     if not callable(tensor):
         raise TypeError(f"tensor must be a function of a name, got "
                         f"{type(tensor).__name__}")

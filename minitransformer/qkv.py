@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from minitransformer.core import (
+from .core import (
     broadcast_shape, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    door, shape_str)
+    check_width, door, shape_str)
 
 # %% auto #0
 __all__ = ['QKVProjection', 'check_qkv']
@@ -85,11 +85,7 @@ class QKVProjection(nn.Module):
 def _check_projection_input(t: torch.Tensor, name: str, d_model: int,
                             dtype: torch.dtype) -> torch.Tensor:
     "`t` if it is a floating `(..., d_model)` tensor of dtype `dtype`; else raise."
-    check_tensor(t, name, min_dim=2, floating=True)
-    if t.shape[-1] != d_model:
-        raise ValueError(f"{name} has width {t.shape[-1]} (shape {shape_str(t)}) but "
-                         f"this projection expects d_model={d_model} features in the "
-                         "last dimension")
+    check_width(t, name, d_model, "this projection expects d_model", min_dim=2)
     return check_dtype(t, name, dtype, "the projection's weights")
 
 

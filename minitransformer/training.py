@@ -63,8 +63,7 @@ def sequence_loss(logits: torch.Tensor,  # (..., V)
     when no position counts)."""
     check_tensor(logits, "logits", min_dim=1, floating=True)
     check_tensor(targets, "targets")
-    if torch.is_floating_point(targets) or targets.is_complex() \
-            or targets.dtype == torch.bool:
+    if not is_integer_tensor(targets):
         raise TypeError(f"targets must hold integer token ids, got {targets.dtype}")
     if logits.shape[:-1] != targets.shape or logits.shape[-1] == 0:
         raise ValueError(f"logits {shape_str(logits)} do not fit targets "
@@ -252,7 +251,7 @@ def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
     log.losses, log.lrs = saved["losses"], saved["lrs"]
     log.steps, log.seconds, log.skipped = info["step"], info["seconds"], info["skipped"]
     log.evals = [(s, t, m) for s, t, m in info["evals"]]
-    saved_run = {"world_size": 1} | info["run"]  # (not recorded before torchrun runs)
+    saved_run = {"world_size": 1} | info["run"]  # no world_size: one process
     changed = sorted(k for k in run if saved_run.get(k) != run[k])
     if changed:
         warnings.warn(f"resuming {path} with different {changed}: the run will not "
@@ -260,34 +259,34 @@ def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
 
 # %% ../nbs/13_training.ipynb #4550d5fa
 class SingleProcess:
-    """What `train` asks of the other processes training the same model — the
-    model to call, the clock, each one's share of the loss, means and decisions
-    taken together — answered for a single process: each method returns its input.
-    (Several processes: coming in chapter 14.)"""
+    """What `train` asks of the other processes training the same model — the model
+    to call, the clock, each one's share of the loss, means and decisions taken
+    together — answered for one process alone, where each answer is the value asked
+    about. `minitransformer.distributed.DDPProcesses` answers for several."""
     rank, size = 0, 1  # this process's number, and the number of processes
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        "The model `loss_fn` calls."
+        "The model `loss_fn` calls: `model` itself."
         return model
 
     def seconds(self, seconds: float) -> float:
-        "The training time every process goes by."
+        "The training time every process follows: this process's."
         return seconds
 
     def weighted(self, loss: torch.Tensor, count: int | None) -> torch.Tensor:
-        "This process's loss over `count` targets, weighted against the others'."
+        "`loss`, as no other process's targets weigh against it."
         return loss
 
     def mean(self, values: torch.Tensor) -> list:
-        "The processes' mean of `values`, as Python floats."
+        "The mean of `values` over the processes, as floats: `values` themselves."
         return values.tolist()
 
     def agree(self, flag: bool, what: str) -> bool:
-        "`flag`, the same in every process (else a ValueError naming `what`)."
+        "`flag`: no other process can disagree about `what`."
         return flag
 
     def barrier(self) -> None:
-        "Wait until every process gets here."
+        "Wait for the other processes: none."
 
 # %% ../nbs/13_training.ipynb #a84d18fa
 def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
@@ -323,7 +322,7 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
         if type(model) not in [cls for cls, _ in MODEL_CLASSES.values()]:
             raise TypeError(f"checkpoints hold one of {list(MODEL_CLASSES)}; model is "
                             f"a {type(model).__name__}")
-    if processes is None:
+    if processes is None or type(processes) is SingleProcess:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             raise ValueError("this process is one of several (torch.distributed): "
                              "pass processes=DDPProcesses() (from "
@@ -487,7 +486,7 @@ def train(model: nn.Module,
             loss = ranks.weighted(*_check_loss(loss_fn(net, next_batch(log.steps))))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = nn.utils.clip_grad_norm_(  # the norm before clipping (inf: none)
+        norm = nn.utils.clip_grad_norm_(  # the norm before clipping (no limit: inf)
             params, math.inf if a["clip"] is None else a["clip"])
         values = ranks.mean(torch.stack([loss.detach().float(),  # 1 sync
                                          norm.float().to(loss.device)]))

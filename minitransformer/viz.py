@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .core import check_tensor, shape_str
+from .core import check_module, check_tensor, shape_str
 from .multihead import MultiHeadAttention
 
 # %% auto #0
@@ -75,8 +75,7 @@ def attention_weights(model: nn.Module,  # a model with MultiHeadAttention `self
     """Run `model(*args, **kwargs)` once and return the weights of every self-attention
     layer, in the order the layers ran, stacked `(L, B, H, T, S)`; each layer's are
     recomputed from its inputs by the explicit path (`forward_with_weights`)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_module(model)
     if kwargs.get("cache") is not None:
         raise ValueError("attention_weights runs without a cache: pass cache=None")
     found = []

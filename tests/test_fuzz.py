@@ -584,6 +584,44 @@ def _(data):
         assert out is t
 
 
+@case("core.check_width")
+def _(data):
+    core = _mod("core")
+    p = Probe(data, ["x", "width", "min_dim"])
+    shape = p.draw(st.lists(st.integers(0, 3), min_size=1, max_size=3).map(tuple),
+                   label="shape")
+    dtype = p.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
+    width = p.value("width", st.sampled_from([shape[-1], shape[-1] + 1]),
+                    ("1", None, 1.5, -1, True), names=["width"])
+    min_dim = p.value("min_dim", st.integers(0, 3), ("1", None, 1.5), names=["min_dim"])
+    owner = p.draw(st.sampled_from([None, "the layer has d_model"]), label="owner")
+    x = p.tensor("x", torch.zeros(shape, dtype=dtype), {
+        "list": BAD, "noncontig": VALID, "number": (BAD, lambda t: 1.0),
+        "scalar0": (BAD, lambda t: torch.tensor(1.0))}, names=["probe"])
+    if p.status == VALID and (x.dim() < max(min_dim, 1) or not x.is_floating_point()
+                              or x.shape[-1] != width):
+        p.mark(BAD, ["probe"], f"x {fmt(x)} fails width={width} min_dim={min_dim}")
+    out = p.run(lambda: p.call("check_width", core.check_width, x, "probe", width, owner,
+                               min_dim=min_dim))
+    if ok(out):
+        assert out is x
+
+
+@case("core.check_module")
+def _(data):
+    core = _mod("core")
+    p = Probe(data)
+    value = p.draw(st.sampled_from(["linear", "sequential", "class", "None", "string",
+                                    "tensor"]), label="value")
+    value = {"linear": nn.Linear(2, 2), "sequential": nn.Sequential(), "class": nn.Linear,
+             "None": None, "string": "gpt2", "tensor": torch.zeros(2)}[value]
+    if not isinstance(value, nn.Module):
+        p.mark(BAD, ["the_model"], f"value={fmt(value)}")
+    out = p.run(lambda: p.call("check_module", core.check_module, value, "the_model"))
+    if ok(out):
+        assert out is value
+
+
 # ================================================================== mixing
 
 @case("mixing.softmax")
@@ -780,7 +818,7 @@ def _(data):
     rows = p.value("rows", st.lists(st.lists(st.integers(0, 50), max_size=4), min_size=1,
                                     max_size=3),
                    ([], None, "abc", [[1, 2.0]], [[True]], [5], torch.zeros(2, 2)))
-    pad_id = p.value("pad_id", st.integers(0, 50), (None, 1.5, True, "0"))
+    pad_id = p.value("pad_id", st.integers(0, 50), (None, 1.5, True, "0", -1))
     left = p.value("left", st.booleans(), (None, 1, "yes"))
     out = p.run(lambda: p.call("pad_ids", emb.pad_ids, rows, pad_id, left))
     if ok(out):
@@ -793,6 +831,36 @@ def _(data):
             assert (ids[b][~mask[b]] == pad_id).all()
             real = mask[b].nonzero().flatten().tolist()
             assert real == (list(range(T - len(r), T)) if left else list(range(len(r))))
+
+
+@case("embeddings.check_id_list")
+def _(data):
+    emb = _mod("embeddings")
+    p = Probe(data, ["ids", "vocab_size"])
+    V = p.value("vocab_size", st.one_of(st.none(), st.integers(1, 20)),
+                (0, -1, 2.5, True, "5"))
+    ids = p.draw(st.lists(st.integers(0, (V if pos_int(V) == VALID else 5) - 1),
+                          max_size=4), label="ids")
+    as_tensor = p.draw(st.booleans(), label="ids as a tensor")
+    ids = torch.tensor(ids, dtype=torch.long) if as_tensor else ids
+    if p.hit("ids"):
+        import numpy as np
+        kind = p.draw(st.sampled_from(["float", "bool", "string", "None", "nested",
+                                       "2-D tensor", "float tensor", "negative",
+                                       "too_big", "numpy", "tuple", "0-D tensor"]))
+        bad = {"float": [1.5], "bool": [True], "string": "abc", "None": None,
+               "nested": [[1]], "2-D tensor": torch.zeros(2, 2, dtype=torch.long),
+               "float tensor": torch.zeros(2), "negative": [-1], "too_big": [99],
+               "numpy": [np.int64(0)], "tuple": (0, 0), "0-D tensor": torch.tensor(0)}
+        ids = bad[kind]
+        fine = kind in ("numpy", "tuple", "0-D tensor") or (
+            kind == "too_big" and V is None)
+        p.mark(VALID if fine else BAD, ["ids", "the_ids"], f"ids: {kind} {fmt(ids)}")
+    out = p.run(lambda: p.call("check_id_list", emb.check_id_list, ids, V, "the_ids"))
+    if ok(out):
+        assert isinstance(out, list) and all(type(i) is int for i in out)
+        want = ids.reshape(-1).tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        assert out == [int(i) for i in want]
 
 
 @case("embeddings.check_token_ids")
@@ -2028,6 +2096,25 @@ def _(data):
         assert (n0, n1, n2) == (t, length, 0)
         assert k2.shape[2] == length
         assert nbytes == 2 * b * h * ll * d * torch.empty(0, dtype=dt_).element_size()
+
+
+@case("kv_cache.check_encoder_output")
+def _(data):
+    kvc = _mod("kv_cache")
+    p = Probe(data, ["memory", "d_model", "batch_size"])
+    B, S = p.draw(st.integers(1, 3), label="B"), p.draw(st.integers(1, 3), label="S")
+    C = p.value("d_model", st.integers(1, 6), POS_INT_BAD, names=["d_model", "memory"])
+    b = p.value("batch_size", st.one_of(st.none(), st.just(B)),
+                (0, -1, 1.5, True, "2", B + 1), names=["batch_size", "memory"])
+    memory = floats(p, (B, S, C if pos_int(C) == VALID else 4), label="memory")
+    memory = p.tensor("memory", memory, {
+        "list": BAD, "long": BAD, "noncontig": VALID, "double": VALID, "b0": BAD,
+        "t0": BAD, "first": BAD, "unsqueeze": BAD,
+        "wider": (BAD, lambda m: torch.cat([m, m[..., :1]], -1))})
+    out = p.run(lambda: p.call("check_encoder_output", kvc.check_encoder_output, memory,
+                               C, b))
+    if ok(out):
+        assert out is memory
 
 
 @case("kv_cache.DecoderCache", examples=40)

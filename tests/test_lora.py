@@ -458,7 +458,7 @@ def test_add_lora_argument_errors(kwargs, error, message):
 
 
 def test_add_lora_refuses_a_non_module_and_a_second_call():
-    with pytest.raises(TypeError, match="model must be an nn.Module"):
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         add_lora({"q_proj": nn.Linear(2, 2)})
     model = gpt()
     add_lora(model)

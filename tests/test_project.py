@@ -184,11 +184,14 @@ def test_each_helper_is_defined_in_one_module():
 
 # Phrases that stand for one check or one message: each may appear in one module only.
 ONE_PLACE = {
-    "the integer-dtype test": r"is_floating_point\(\)\s+or\s+\w+\.is_complex\(\)",
+    "the integer-dtype test": r"is_floating_point\(\w*\)\s*or\s*[\w.]+\.is_complex\(",
     "the 'convert it with .to()' advice": r"with \.to\(\)",
     "the KV-cache overflow message": r"KV cache overflow",
     "the head-divisibility message": r"must be divisible by n_heads",
     "the list-to-padded-tensor loop": r"torch\.full\(\(.*pad",
+    "the width message": r"has width \{",
+    "the encoder-output shape message": r"must be the encoder output",
+    "the cache-truncation message": r"length must be in \[0, ",
 }
 
 

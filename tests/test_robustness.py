@@ -428,3 +428,37 @@ def test_models_run_in_half_precision_with_computed_positions(dtype, encoding):
         full, half = model(ids), model.to(dtype)(ids)
     assert half.dtype == dtype
     assert (half.float() - full).abs().max() < 0.1
+
+
+def test_model_entry_points_check_ids_then_prefix_then_length():
+    "Issue 27 review: ids before the prefix, a wrong dtype a TypeError, P + T in words."
+    from minitransformer.model import (EncoderClassifier, EncoderClassifierConfig,
+                                       TextEncoder, TextEncoderConfig)
+    enc = TextEncoder(TextEncoderConfig(vocab_size=10, max_len=8, d_model=16, n_heads=2,
+                                        n_layers=1))
+    prefix = torch.zeros(1, 2, 16)
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got NoneType"):
+        enc(None, prefix=prefix)
+    with pytest.raises(ValueError, match=r"2 prefix vectors \+ 7 tokens exceed the "
+                                         "model's max_len 8"):
+        enc(torch.ones(1, 7, dtype=torch.long), prefix=prefix)
+    with pytest.raises(ValueError, match="prefix must be"):
+        enc(torch.ones(1, 3, dtype=torch.long), prefix=torch.zeros(1, 2, 8))
+    clf = EncoderClassifier(EncoderClassifierConfig(vocab_size=10, n_classes=2, d_model=16,
+                                                    n_heads=2, n_layers=1, max_len=8))
+    tr = Transformer(TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=16,
+                                       n_heads=2, max_len=8))
+    calls = [GPT(CFG), enc, clf, tr.encode]
+    for dtype in (torch.bool, torch.complex64, torch.float32):
+        for call in calls:
+            with pytest.raises(TypeError, match=rf"(ids|src) .*dtype {dtype}"):
+                call(torch.ones(2, 3, dtype=dtype))
+
+
+def test_make_cache_without_memory_is_a_type_error_naming_memory():
+    tr = Transformer(TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=16,
+                                       n_heads=2, max_len=8))
+    with pytest.raises(TypeError, match="memory must be a torch.Tensor, got NoneType"):
+        tr.make_cache(None)
+    with pytest.raises(ValueError, match=r"memory must be the encoder output \(B, S, C\)"):
+        tr.make_cache(torch.zeros(2, 3, 8))

@@ -337,6 +337,36 @@ def test_a_crash_on_one_rank_ends_the_run_with_its_error(tmp_path):
     assert seconds < LAUNCH_TIMEOUT / 2, (seconds, out[-6000:])
 
 
+ALONE = '''
+import torch
+from torch import nn
+from minitransformer.distributed import distributed
+from minitransformer.training import SingleProcess, train
+
+with distributed("gloo") as r:
+    for processes in (None, SingleProcess()):
+        try:
+            train(nn.Linear(2, 1), lambda step: torch.ones(4, 2),
+                  lambda m, b: m(b).square().mean(), steps=1, log_every=0,
+                  processes=processes)
+            print(f"rank {r.rank} trained alone", flush=True)
+        except ValueError as e:
+            print(f"rank {r.rank} refused: {e}", flush=True)
+'''
+
+
+def test_train_under_torchrun_needs_ddp_processes(tmp_path):
+    "Without `DDPProcesses`, each rank would train a model of its own: refused."
+    script = tmp_path / "alone.py"
+    script.write_text(ALONE)
+    rc, out, _ = _torchrun(script)
+    assert rc == 0, out[-6000:]
+    assert "trained alone" not in out, out[-6000:]
+    refused = [line for line in out.splitlines() if "refused:" in line]
+    assert len(refused) == 4 and all("processes=DDPProcesses()" in line
+                                     for line in refused), out[-6000:]
+
+
 # --- in one process, without torchrun ---------------------------------------------
 
 def test_distributed_outside_torchrun_is_one_rank(monkeypatch):

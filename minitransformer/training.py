@@ -24,8 +24,8 @@ from minitransformer.checkpoints import (
     MODEL_CLASSES, TRAIN_PREFIX, load_checkpoint, read_header, read_train_state,
     save_checkpoint)
 from .core import (
-    check_choice, check_flag, check_int, check_number, check_positive_int,
-    check_probability, check_tensor, is_integer_tensor, shape_str)
+    check_choice, check_flag, check_int, check_module, check_number,
+    check_positive_int, check_probability, check_tensor, is_integer_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
@@ -294,8 +294,7 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                  eval_every, log_every, autocast_bf16, on_nonfinite, checkpoint,
                  checkpoint_every, resume, processes) -> dict:
     "`train`'s arguments checked, as plain values; raise naming the first bad one."
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_module(model)
     if isinstance(model, DistributedDataParallel):
         raise TypeError("pass the model itself: train(..., processes=DDPProcesses()) "
                         "wraps it in DistributedDataParallel")

@@ -187,6 +187,7 @@ ONE_PLACE = {
     "the integer-dtype test": r"is_floating_point\(\w*\)\s*or\s*[\w.]+\.is_complex\(",
     "the 'convert it with .to()' advice": r"with \.to\(\)",
     "the KV-cache overflow message": r"KV cache overflow",
+    "the nn.Module message": r"must be a torch\.nn\.Module, got",
     "the head-divisibility message": r"must be divisible by n_heads",
     "the list-to-padded-tensor loop": r"torch\.full\(\(.*pad",
     "the width message": r"has width \{",

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from minitransformer.lora import add_lora, lora_layers, save_adapter, load_adapter
 from minitransformer.model import GPT, GPTConfig
 from minitransformer.gguf import gguf_llama_rules, load_gguf
-from minitransformer.pretrained import Tokenizer, llama_config, llama_rules, load_folder
+from minitransformer.pretrained import (
+    PretrainedTokenizer, llama_config, llama_rules, load_folder)
 from minitransformer.checkpoints import load_checkpoint, save_checkpoint
 
 gguf = pytest.importorskip("gguf")
@@ -231,14 +232,15 @@ def test_a_truncated_gguf_is_a_value_error_at_every_cut(tmp_path):
 
 def test_chat_templates_name_messages():
     from tokenizers import Tokenizer as Backend, models
-    tok = Tokenizer(Backend(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")),
-                    chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    tok = PretrainedTokenizer(
+        Backend(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")),
+        chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
     for bad in (None, 42, "hello"):
         with pytest.raises(TypeError, match="messages"):
             tok.apply_chat_template(bad)
     assert tok.apply_chat_template([{"role": "user", "content": "a"}]) == "a"
-    escape = Tokenizer(tok.backend, chat_template="{{ ''.__class__.__mro__[1]"
-                                                  ".__subclasses__() }}")
+    escape = PretrainedTokenizer(tok.backend, chat_template="{{ ''.__class__.__mro__[1]"
+                                                            ".__subclasses__() }}")
     with pytest.raises(Exception, match="unsafe|not safely|attribute"):
         escape.apply_chat_template([{"role": "user", "content": "a"}])
 

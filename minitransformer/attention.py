@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .core import (
+from .checks import (
     broadcast_shape, check_bool_mask, check_dropout, check_flag, check_number,
     check_tensor, door, shape_str)
 from .mixing import softmax
@@ -91,7 +91,7 @@ def attention_with_weights(
     is_causal: bool = False,  # also: no query sees a later key (chapter 8)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv), weights (..., T, S)
     "Scaled dot-product attention step by step; returns the output and the weights."
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         scale = _check_args(q, k, v, mask, dropout_p, scale, is_causal=is_causal)
     scale, mask, _ = _prepare(q, k, mask, scale, is_causal)
     empty = mask is not None and not door.no_empty_rows  # may a row see nothing?

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from minitransformer.core import (
+from minitransformer.checks import (
     check_choice, check_int, check_positive_int, check_tensor, is_integer_tensor,
     shape_str)
 from .embeddings import Tokenizer

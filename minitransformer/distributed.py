@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .core import (
-    check_choice, check_int, check_positive_int, default_device)
+from .core import default_device
+from .checks import check_choice, check_int, check_positive_int
 from .training import SingleProcess
 
 # %% auto #0

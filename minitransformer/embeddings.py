@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import (
+from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_tensor, door,
     is_integer_tensor, shape_str, tracing)
 
@@ -159,7 +159,7 @@ def pad_ids(rows: Sequence[Sequence[int]],  # B rows of token ids, of any length
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids `(B, T)` int64, T the longest row, and the mask `(B, T)` bool, True at
     real tokens. `rows` must hold at least one row; a row may be empty."""
-    if not door.checked:  # (chapter 0: checked once, at the door; e.g. by generate)
+    if not door.checked:  # (appendix D: checked once, at the door; e.g. by generate)
         if isinstance(rows, (str, bytes, torch.Tensor)):
             raise TypeError(f"rows must be a sequence of lists of token ids, got "
                             f"{type(rows).__name__}")
@@ -236,7 +236,7 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor,
                 name: str = "token ids") -> torch.Tensor:  # `name`: for error messages
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             check_token_ids(ids, self.vocab_size, name)
         x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T) -> (..., T, C)
         return x * math.sqrt(self.d_model) if self.scale else x

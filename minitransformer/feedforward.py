@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minitransformer.core import (
+from minitransformer.checks import (
     check_dropout, check_dtype, check_float_dtype, check_positive_int, check_tensor,
     check_width, door)
 
@@ -20,7 +20,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 def activation(name: str, z: torch.Tensor) -> torch.Tensor:
     "Point-wise activation `name`: relu, gelu, gelu_tanh, or silu/swiglu (the gate)."
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         check_tensor(z, "z", floating=True)  # relu would pass integers, gelu not
     if name == "relu":
         return F.relu(z)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .core import (
+from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
     check_tensor, door, inside, shape_str)
 from .embeddings import check_id_list, pad_ids
@@ -35,7 +35,7 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
                 ) -> torch.Tensor:  # (B,) token ids
     """Each row's next token: the argmax if `temperature == 0`, else a filtered draw.
     Every row needs a finite largest score (NaN, +inf or all -inf raise)."""
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         temperature = _check_sampling(temperature, top_k, top_p, generator)
         check_tensor(logits, "logits", floating=True)
         if logits.dim() != 2 or logits.shape[-1] == 0:

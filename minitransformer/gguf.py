@@ -9,8 +9,8 @@ from typing import Callable
 import torch
 
 from .checkpoints import check_layer_count, name_in_errors
-from .core import (check_flag, check_float_dtype, check_number,
-                                  check_positive_int)
+from .checks import (
+    check_flag, check_float_dtype, check_number, check_positive_int)
 from .model import GPT, GPTConfig
 from .pretrained import (
     Pretrained, PretrainedTokenizer, Rule, load_folder, model_from_rules)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .core import (
+from .checks import (
     check_dtype, check_flag, check_float_dtype, check_int, check_positive_int,
     check_tensor, door, shape_str)
 from .layers import Decoder
@@ -61,7 +61,7 @@ class KVCache:
         value (in a `DecoderCache`: the stack's length advances after the call)."""
         past = self.length if self.stack is None else self.stack.length
         T = k.shape[2]
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             if self.stack is not None:  # its length moves with the stack's
                 raise ValueError("this cache is one layer's part of a DecoderCache: "
                                  "pass the DecoderCache to the Decoder or the model")

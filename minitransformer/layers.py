@@ -11,7 +11,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .attention import check_mask
-from .core import (
+from .checks import (
     broadcast_shape, check_bool_mask, check_choice, check_dropout, check_dtype,
     check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
     check_width, door, inside, shape_str)
@@ -37,7 +37,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             check_width(x, "x", self.d_model)
         if _FUSED_RMS_NORM and x.is_cuda:  # torch's rms_norm (one fused kernel on
             # recent CUDA builds); on the CPU it runs the steps below, no faster
@@ -202,7 +202,7 @@ class EncoderLayer(_Sublayers):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions=None) -> torch.Tensor:
-        if not door.checked:  # (chapter 0; attention checks the mask and positions)
+        if not door.checked:  # (appendix D; attention checks the mask and positions)
             self._check_x(x)
         x = self._residual(x, self.attn_norm,
                            lambda h: self.self_attn(h, mask=mask, positions=positions))
@@ -254,7 +254,7 @@ class DecoderLayer(_Sublayers):
                 cross_cache=None,  # cross-attention's, filled once from memory
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 ) -> torch.Tensor:
-        if not door.checked:  # (chapter 0; attention checks `mask` and the caches)
+        if not door.checked:  # (appendix D; attention checks `mask` and the caches)
             self._check_memory_args(x, memory, memory_mask, cross_cache)
         x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
             h, mask=mask, positions=positions, cache=self_cache, is_causal=is_causal))
@@ -321,7 +321,7 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             _check_stack_args(self, x, mask, positions)
             return inside(Encoder.forward, self, x, mask, positions)
         angles = _stack_positions(self.rotary, positions, 0, x)
@@ -351,7 +351,7 @@ class Decoder(nn.Module):
                 positions: torch.Tensor | None = None, cache=None,
                 is_causal: bool = False) -> torch.Tensor:
         args = (x, memory, mask, memory_mask, positions, cache, is_causal)
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             self._check(*args)
             return inside(Decoder.forward, self, *args)
         past = 0 if cache is None else cache.length

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .core import (
+from .checks import (
     check_dropout, check_module, check_number, check_positive_int)
 from .checkpoints import (
     name_in_errors, parse_json_object, tied_parameters, write_safetensors)

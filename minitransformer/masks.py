@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .core import (
+from .checks import (
     broadcast_shape, check_bool_mask, check_float_dtype, check_int, check_positive_int,
     check_tensor, door, is_integer_tensor, shape_str)
 
@@ -19,7 +19,7 @@ def causal_mask(T: int,  # number of queries: the last T of the S positions
                 device=None) -> torch.Tensor:  # (T, S) bool, True = may attend
     """Causal mask `(T, S)`, aligned bottom-right: query i (at position S-T+i) may
     attend to keys 0..S-T+i."""
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         T = check_positive_int(T, "T")
         S = T if S is None else check_int(S, "S")
         if S < T:
@@ -101,7 +101,7 @@ def padding_mask_from_real(real: torch.Tensor,  # (B, S) bool, True = real token
                            name: str = "real",  # its name in error messages
                            ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
     "Key-padding mask `(B, 1, 1, S)` from a `(B, S)` mask of real tokens (a view)."
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         check_bool_mask(real, name)
         want = ("B" if B is None else check_int(B, "B", minimum=0),
                 "S" if S is None else check_int(S, "S", minimum=0))
@@ -122,7 +122,7 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     `keys` (a static cache's max_len, default past + T): the key positions attention
     reads; those from past + T on are still empty and masked (`attention_mask` may
     then also be `(B, keys)`)."""
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         B, T, past, keys = check_decoder_masks(B, T, past, attention_mask,
                                                full_attention_mask, keys)
     S = past + T

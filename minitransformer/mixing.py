@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .core import broadcast_shape, check_number, check_tensor, shape_str
+from .checks import (
+    broadcast_shape, check_number, check_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['softmax', 'check_attention_weights', 'mix']

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .attention import check_mask
-from minitransformer.core import (
+from minitransformer.checks import (
     check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_module,
     check_number, check_positive_int, check_tensor, door, inside, is_integer_tensor,
     shape_str)
@@ -97,7 +97,7 @@ class _Embed(nn.Module):
 # %% ../nbs/11_model.ipynb #7f5bef0e
 def _ids(ids: torch.Tensor, name: str) -> tuple[int, int]:
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         check_tensor(ids, name)
         if not is_integer_tensor(ids):
             raise TypeError(f"{name} must be integer token ids (torch.long), got "
@@ -218,7 +218,7 @@ class GPT(nn.Module):
                 last_only: bool = False,  # logits of the last position only, (B, 1, V)
                 ) -> torch.Tensor:  # (B, T, V) logits
         args = (ids, attention_mask, positions, cache, full_attention_mask, last_only)
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             self._check(*args)
             return inside(GPT.forward, self, *args)
         past = 0 if cache is None else cache.length
@@ -300,7 +300,7 @@ class Transformer(nn.Module):
     def encode(self, src: torch.Tensor, source_mask: torch.Tensor | None = None):
         """Encoder output `(B, S, C)` and the source's real-token mask `(B, S)`
         (`source_mask`, by default: the tokens that are not `pad_id`)."""
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             B, S = _ids(src, "src")
             _check_length(S, self.config.max_len)
             check_token_ids(src, self.config.src_vocab_size, "src")
@@ -323,7 +323,7 @@ class Transformer(nn.Module):
                cache: DecoderCache | None = None,  # from make_cache(memory)
                ) -> torch.Tensor:  # (B, T, V_tgt)
         args = (tgt, memory, source_mask, attention_mask, positions, cache)
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             self._check_decode(*args)
             return inside(Transformer.decode, self, *args)
         past = 0 if cache is None else cache.length
@@ -421,7 +421,7 @@ class TextEncoder(nn.Module):
         """`prefix` vectors (a classifier's learned `[CLS]`) go in front of the token
         embeddings: they are real, take positions 0..P-1 and token type 0."""
         args = (ids, attention_mask, token_type_ids, prefix)
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             B, T = _ids(ids, "ids")
             P = 0 if prefix is None else self._check_prefix(prefix, B)
             _check_length(T, self.config.max_len, P, "prefix vectors")
@@ -456,7 +456,7 @@ def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
     "The checked token types `(B, T)`, zeros if None (and None without types)."
     if token_type_ids is None:
         return torch.zeros_like(ids) if n_types else None
-    if door.checked:  # (chapter 0: checked once, at the door)
+    if door.checked:  # (appendix D: checked once, at the door)
         return token_type_ids
     if not n_types:
         raise ValueError("token_type_ids were given, but the config has "
@@ -473,7 +473,7 @@ def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
     """One vector per text: the average of its real tokens' vectors (as
     sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1 if
     `normalize`. A text with no real token gets the zero vector."""
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         check_tensor(hidden, "hidden", floating=True)
         check_bool_mask(mask, "mask")
         if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
@@ -525,7 +525,7 @@ class EncoderClassifier(nn.Module):
     def forward(self, ids: torch.Tensor,  # (B, T) token ids
                 attention_mask: torch.Tensor | None = None,  # (B, T), True = real
                 ) -> torch.Tensor:  # (B, n_classes)
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             B, T = _ids(ids, "ids")
             _check_length(T, self.config.max_len)
             check_token_ids(ids, self.config.vocab_size, "ids")
@@ -580,7 +580,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(c.d_model, c.n_classes)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             self._check(images)
             return inside(VisionTransformer.forward, self, images)
         x = self.patchify(images)  # (B, C, h, w): one C-vector per patch

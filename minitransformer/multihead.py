@@ -8,7 +8,7 @@ from torch import nn
 
 from .attention import (
     attention_with_weights, scaled_dot_product_attention)
-from .core import (
+from .checks import (
     check_dropout, check_int, check_positive_int, check_tensor, door, shape_str)
 from .qkv import QKVProjection
 
@@ -20,7 +20,7 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices.
 
     A view of `x`; B may be several dimensions or none, and B or T may be 0."""
-    if not door.checked:  # (chapter 0: checked once, at the door)
+    if not door.checked:  # (appendix D: checked once, at the door)
         _check_split(x, n_heads)  # x a tensor (..., T, C); n_heads an int dividing C
     *lead, T, C = x.shape
     x = x.view(*lead, T, n_heads, C // n_heads)  # (B, T, H, D)

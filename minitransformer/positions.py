@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .core import (
+from .checks import (
     check_flag, check_float_dtype, check_number, check_positive_int, check_tensor, door,
     is_integer_tensor, shape_str, tracing)
 
@@ -76,7 +76,7 @@ class SinusoidalPositions(nn.Module):
         self.d_model, self.max_len, self.base = d_model, max_len, base
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             check_positions(positions, self.max_len)
         return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
 
@@ -125,7 +125,7 @@ class RotaryEmbedding(nn.Module):
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The tables `rotate` multiplies by, `(T, D)` or `(B, T, D)`: cos m·θ_i under
         both numbers of pair i, and sin m·θ_i with the first one's sign flipped."""
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             check_positions(positions, self.max_len)  # reads the values
             if positions.dim() not in (1, 2):
                 raise ValueError(f"positions must be (T,) or (B, T), got shape "

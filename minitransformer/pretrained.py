@@ -14,7 +14,7 @@ from torch import nn
 from .checkpoints import (check_layer_count, expected_layout,
                                          model_from_state, name_in_errors,
                                          parse_json_object)
-from .core import (
+from .checks import (
     check_flag, check_float_dtype, check_module, check_positive_int)
 from .embeddings import pad_ids
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig

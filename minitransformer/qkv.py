@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from .core import (
+from .checks import (
     broadcast_shape, check_dtype, check_float_dtype, check_positive_int, check_tensor,
     check_width, door, shape_str)
 
@@ -60,7 +60,7 @@ class QKVProjection(nn.Module):
                 context: torch.Tensor | None = None,  # (..., S, C): answers; x if None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`; empty if T or S is 0."
-        if not door.checked:  # (chapter 0: checked once, at the door)
+        if not door.checked:  # (appendix D: checked once, at the door)
             _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
             if context is not None:
                 _check_context(x, context, self.d_model, self.k_proj.weight.dtype)

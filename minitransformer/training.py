@@ -23,9 +23,9 @@ from torch.nn.parallel import DistributedDataParallel
 from minitransformer.checkpoints import (
     MODEL_CLASSES, TRAIN_PREFIX, load_checkpoint, read_header, read_train_state,
     save_checkpoint)
-from .core import (
-    check_choice, check_flag, check_int, check_module, check_number,
-    check_positive_int, check_probability, check_tensor, is_integer_tensor, shape_str)
+from .checks import (
+    check_choice, check_flag, check_int, check_module, check_number, check_positive_int,
+    check_probability, check_tensor, is_integer_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']

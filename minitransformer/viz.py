@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .core import check_module, check_tensor, shape_str
+from .checks import check_module, check_tensor, shape_str
 from .multihead import MultiHeadAttention
 
 # %% auto #0

@@ -17,7 +17,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import minitransformer
-from minitransformer.core import door, inside
+from minitransformer.checks import door, inside
 from minitransformer.generation import generate, sample_next
 from minitransformer.layers import RMSNorm
 from minitransformer.model import GPT, GPTConfig

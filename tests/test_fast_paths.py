@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
-from minitransformer.core import tracing
+from minitransformer.checks import tracing
 from minitransformer.generation import generate
 from minitransformer.kv_cache import DecoderCache, KVCache
 from minitransformer.masks import causal_mask, decoder_mask

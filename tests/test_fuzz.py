@@ -90,12 +90,12 @@ EXEMPT = {
                                    "its own tests (tests/test_hostile_files.py)",
     "checkpoints.model_from_state": "builds a model from a state its loader has checked; "
                                     "its own tests (tests/test_hostile_files.py)",
-    "core.tracing": "takes no arguments: whether torch.compile is tracing",
+    "checks.tracing": "takes no arguments: whether torch.compile is tracing",
     "masks.check_decoder_masks": "the checks of masks.decoder_mask, fuzzed through it",
-    "core.autocast_on": "reads torch's autocast state for a device type; exercised by "
-                        "core.check_dtype and the chapter notebooks",
-    "core.door": "the per-thread flags of checks at the door (tests/test_door.py)",
-    "core.inside": "calls any function with the door's flag raised (tests/test_door.py)",
+    "checks.autocast_on": "reads torch's autocast state for a device type; exercised by "
+                        "checks.check_dtype and the chapter notebooks",
+    "checks.door": "the per-thread flags of checks at the door (tests/test_door.py)",
+    "checks.inside": "calls any function with the door's flag raised (tests/test_door.py)",
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
            "fill", "check_rules", "model_from_rules", "load_folder", "PretrainedTokenizer",
@@ -372,9 +372,9 @@ def pos_int_0(v):
     return pos_int(v, lo=0)
 
 
-@case("core.shape_str")
+@case("checks.shape_str")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data, ["x"])
     shape = p.draw(st.lists(st.integers(0, 4), max_size=4).map(tuple), label="shape")
     x = p.tensor("x", torch.zeros(shape), {"list": BAD, "noncontig": VALID,
@@ -385,9 +385,9 @@ def _(data):
         assert out == str(tuple(x.shape))
 
 
-@case("core.check_tensor")
+@case("checks.check_tensor")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data, ["x", "min_dim"])
     shape = p.draw(st.lists(st.integers(0, 3), max_size=3).map(tuple), label="shape")
     dtype = p.draw(st.sampled_from([torch.float32, torch.int64, torch.bool, torch.float16]))
@@ -412,9 +412,9 @@ def _torch_broadcast(shapes):
         return None
 
 
-@case("core.broadcast_shape")
+@case("checks.broadcast_shape")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data, ["shapes"])
     dims = st.lists(st.sampled_from([1, 2, 3, 0]), max_size=3).map(tuple)
     shapes = p.draw(st.lists(dims, max_size=3), label="shapes")
@@ -436,9 +436,9 @@ ANY_VALUE = st.one_of(st.integers(-3, 5), st.integers(-2**70, 2**70), st.boolean
                       st.none(), st.sampled_from(["1", "0.5", b"1"]))
 
 
-@case("core.check_positive_int")
+@case("checks.check_positive_int")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     value = p.draw(ANY_VALUE, label="value")
     if pos_int(value) == BAD:
@@ -449,9 +449,9 @@ def _(data):
         assert type(out) is int and out == value
 
 
-@case("core.check_int")
+@case("checks.check_int")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     value = p.draw(ANY_VALUE, label="value")
     minimum = p.draw(st.one_of(st.none(), st.integers(-3, 3)), label="minimum")
@@ -463,9 +463,9 @@ def _(data):
         assert type(out) is int and out == value
 
 
-@case("core.check_number")
+@case("checks.check_number")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     value = p.draw(ANY_VALUE, label="value")
     low = p.draw(st.one_of(st.none(), st.sampled_from([0, 0.0, -1.0, 1])), label="low")
@@ -480,9 +480,9 @@ def _(data):
         assert type(out) is float and out == float(value)
 
 
-@case("core.check_choice")
+@case("checks.check_choice")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     choices = p.draw(st.lists(st.sampled_from(["relu", "gelu", "cls", ""]), min_size=1,
                               max_size=3, unique=True).map(tuple), label="choices")
@@ -495,9 +495,9 @@ def _(data):
         assert out == value
 
 
-@case("core.check_flag")
+@case("checks.check_flag")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     value = p.draw(st.one_of(st.booleans(), ANY_VALUE), label="value")
     if not isinstance(value, bool):
@@ -508,7 +508,7 @@ def _(data):
 
 
 def _probability_case(data, fn_name, allow_one_default=True):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     value = p.draw(ANY_VALUE, label="value")
     kw = {}
@@ -523,19 +523,19 @@ def _probability_case(data, fn_name, allow_one_default=True):
         assert type(out) is float and out == value
 
 
-@case("core.check_probability")
+@case("checks.check_probability")
 def _(data):
     _probability_case(data, "check_probability")
 
 
-@case("core.check_dropout")
+@case("checks.check_dropout")
 def _(data):
     _probability_case(data, "check_dropout", allow_one_default=False)
 
 
-@case("core.check_bool_mask")
+@case("checks.check_bool_mask")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data, ["mask"])
     shape = p.draw(st.lists(st.integers(0, 3), max_size=4).map(tuple), label="shape")
     mask = p.tensor("mask", bools(p, shape), {"float": BAD, "long": BAD, "list": BAD,
@@ -546,9 +546,9 @@ def _(data):
         assert out is mask
 
 
-@case("core.is_integer_tensor")
+@case("checks.is_integer_tensor")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data, ["t"])
     dtype = p.draw(st.sampled_from([torch.int64, torch.int32, torch.uint8, torch.float32,
                                     torch.float16, torch.bool, torch.complex64]))
@@ -559,9 +559,9 @@ def _(data):
         assert out is (dtype in (torch.int64, torch.int32, torch.uint8))
 
 
-@case("core.check_float_dtype")
+@case("checks.check_float_dtype")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     dtype = p.draw(st.sampled_from([None, torch.float32, torch.bfloat16, torch.float64,
                                     torch.int64, torch.bool, "float32", float]), label="dtype")
@@ -570,9 +570,9 @@ def _(data):
     p.run(lambda: p.call("check_float_dtype", core.check_float_dtype, dtype, "dtype_thing"))
 
 
-@case("core.check_dtype")
+@case("checks.check_dtype")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data, ["t"])
     want = p.draw(st.sampled_from([torch.float32, torch.bfloat16]), label="dtype")
     t = p.tensor("t", torch.zeros(2, 3, dtype=want), {"double": BAD, "half": BAD,
@@ -584,9 +584,9 @@ def _(data):
         assert out is t
 
 
-@case("core.check_width")
+@case("checks.check_width")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data, ["x", "width", "min_dim"])
     shape = p.draw(st.lists(st.integers(0, 3), min_size=1, max_size=3).map(tuple),
                    label="shape")
@@ -607,9 +607,9 @@ def _(data):
         assert out is x
 
 
-@case("core.check_module")
+@case("checks.check_module")
 def _(data):
-    core = _mod("core")
+    core = _mod("checks")
     p = Probe(data)
     value = p.draw(st.sampled_from(["linear", "sequential", "class", "None", "string",
                                     "tensor"]), label="value")

@@ -228,7 +228,7 @@ def inside(fn, *args, **kwargs):
 def tracing() -> bool:
     """Whether `torch.compile` is tracing the current call. Checks that read a
     tensor's values (not just its shape) skip themselves then: each would split the
-    compiled graph in two (inside `generate` no check runs at all: see the door above)."""
+    compiled graph in two (inside `generate` no check runs at all: the door above)."""
     if "torch._dynamo" not in sys.modules:  # never imported: nothing is compiling
         return False
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)

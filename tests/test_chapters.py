@@ -1,13 +1,19 @@
 """The chapters read like a book: each numbered chapter has its map, a diagram and exercises with folded
-solutions; every figure has alt text; code fits the book's column; checks are called checks."""
+solutions; every figure has alt text; code and printed outputs fit the book's column; checks are called
+checks; the shown code is the idea (guards folded, few references forward); the prose explains rather than
+reports on tests."""
 import json
 import re
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
 
 from conftest import ROOT, chapter_notebooks
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import reading_path  # noqa: E402
 
 COLUMN = 88  # characters of code that fit the book's column at a 1280-px window
 NOTEBOOKS = chapter_notebooks()
@@ -84,6 +90,63 @@ def test_code_fits_the_column(nb):
             for line in _src(c).split("\n")
             if len(line) > COLUMN and not line.lstrip().startswith("#|")]  # directives: not shown
     assert not long, f"{nb.stem}: {len(long)} code lines over {COLUMN} characters, e.g. {long[:2]}"
+
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _printed(out) -> str | None:
+    "The text a reader sees of one output, when it is shown as plain text."
+    if out.get("output_type") == "stream":
+        return "".join(out["text"])
+    data = out.get("data", {})
+    if WIDGET in data or {"text/html", "text/markdown", "image/png", "image/svg+xml"} & set(data):
+        return None  # rendered, not printed: a widget, a table, show_doc's entry, a figure
+    text = data.get("text/plain")
+    return None if text is None else "".join(text)
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_printed_outputs_fit_the_column(nb):
+    long = []
+    for i, c in enumerate(_cells(nb)):
+        if c["cell_type"] != "code" or {"remove-output", "remove-cell"} & set(c["metadata"].get("tags", [])):
+            continue
+        for out in c.get("outputs", []):
+            text = _printed(out)
+            long += [(i, line) for line in (text or "").split("\n") if len(line) > COLUMN]
+    assert not long, f"{nb.stem}: {len(long)} printed lines over {COLUMN} characters, e.g. {long[:2]}"
+
+
+@pytest.mark.parametrize("stem", NUMBERED)
+def test_shown_code_leaves_the_guards_folded(stem):
+    "A chapter's shown exported code is the computation: its guards are folded `_check_...` calls."
+    m = reading_path.measure(ROOT / "nbs" / f"{stem}.ipynb")
+    assert m["raises"] == 0, (f"{stem} shows {m['raises']} raise statements in its exported code: "
+                              "move the guard into a folded `_check_...` helper")
+
+
+FORWARD_BUDGET = 3  # references to a later chapter per chapter: "chapter 12 adds ..."
+
+
+@pytest.mark.parametrize("stem", NUMBERED[:12])
+def test_chapters_lean_little_on_later_ones(stem):
+    refs = reading_path.measure(ROOT / "nbs" / f"{stem}.ipynb")["forward"]
+    assert len(refs) <= FORWARD_BUDGET, f"{stem} refers forward {len(refs)} times: {refs}"
+
+
+REPORTS = [  # prose that reports on tests or on the package's history instead of explaining
+    r"random cases", r"the package's tests", r"checked on (?:\d|models)", r"folded below\)",
+    r"the checks are folded", r"make gpu-check", r"\bformat 1\b", r"reorganisation",
+    r"this comparison was run for", r"not about the same",
+]
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_prose_explains_rather_than_reports(nb):
+    md = "\n".join(_src(c) for c in _cells(nb) if c["cell_type"] == "markdown")
+    found = [m.group(0) for r in REPORTS for m in re.finditer(r, md, re.I)]
+    assert not found, f"{nb.stem} reports on its checks instead of explaining: {found}"
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)

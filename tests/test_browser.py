@@ -78,6 +78,22 @@ def _visit(browser, server, name):
         scrolling: Array.from(document.querySelectorAll('.cell_input pre'))
             .filter(e => e.scrollWidth > e.clientWidth + 1)
             .map(e => e.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)),
+        outputs_scrolling: Array.from(document.querySelectorAll('.cell_output pre'))
+            .filter(e => e.scrollWidth > e.clientWidth + 1)
+            .map(e => e.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)),
+        // display math wider than the text column: cut off, or scrolled inside its box
+        math_wide: (() => {
+            const column = document.querySelector('main article, main') || document.body;
+            const right = column.getBoundingClientRect().right;
+            return Array.from(document.querySelectorAll('mjx-container[display="true"]'))
+                .filter(e => {
+                    const m = e.querySelector('mjx-math') || e;
+                    const box = m.getBoundingClientRect();
+                    return box.right > right + 1 || e.scrollWidth > e.clientWidth + 1
+                        || box.width > e.getBoundingClientRect().width + 1;
+                })
+                .map(e => (e.textContent || '').slice(0, 60));
+        })(),
         no_alt: Array.from(document.querySelectorAll('main img'))  // a live widget's saved output excepted
             .filter(i => !i.closest('.jupyter-widgets, .widget-output'))
             .filter(i => !(i.getAttribute('alt') || '').trim()).map(i => i.src.slice(0, 80)),
@@ -168,6 +184,20 @@ def test_no_code_scrolls_sideways(visits, name):
     "At a 1280-px window every code input fits its column (no horizontal scroll bar)."
     wide = visits[name]["scrolling"]
     assert not wide, f"{name}.html: {len(wide)} code cells scroll sideways, e.g. {wide[0][:100]!r}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_output_scrolls_sideways(visits, name):
+    "At a 1280-px window every printed output fits its column."
+    wide = visits[name]["outputs_scrolling"]
+    assert not wide, f"{name}.html: {len(wide)} outputs scroll sideways, e.g. {wide[0][:100]!r}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_display_math_fits_the_column(visits, name):
+    "At a 1280-px window no display equation is cut off or scrolls: long ones are split over lines."
+    wide = visits[name]["math_wide"]
+    assert not wide, f"{name}.html: {len(wide)} display equations wider than the column, e.g. {wide[0]!r}"
 
 
 @pytest.mark.parametrize("name", PAGES)

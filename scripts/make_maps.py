@@ -9,35 +9,37 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "nbs" / "figures"
 
-# (chapter, label, x, y, width): boxes of the map, in reading order
+# (chapter, label, x, y, width): boxes of the map, in reading order. The map is drawn at about the
+# width it is shown at in the book's column (a 1280-px window), so its 13-px labels stay legible.
 BOXES = [
-    (2, "tokens → vectors", 6, 58, 126),
-    (7, "+ positions", 140, 58, 96),
-    (3, "Q, K, V", 256, 20, 76),
-    (4, "scaled dot-product", 340, 20, 146),
-    (1, "weighted mix", 494, 20, 154),
-    (5, "heads: split · attend · merge", 256, 58, 392),
-    (8, "masks", 256, 96, 76),
-    (6, "feed-forward", 340, 96, 118),
-    (9, "add & norm, N× stack", 466, 96, 182),
-    (11, "model: embed → stack → head", 668, 20, 226),
-    (12, "generate", 668, 58, 108),
-    (13, "train", 784, 58, 110),
-    (10, "KV cache", 668, 96, 108),
-    (14, "processes", 784, 96, 110),
-    (15, "real weights", 668, 134, 108),
-    (16, "GGUF file", 784, 134, 110),
-    (17, "LoRA", 668, 172, 108),
+    (2, "tokens → vectors", 4, 52, 140),
+    (7, "+ positions", 4, 88, 140),
+    (3, "Q, K, V", 162, 16, 96),
+    (4, "scaled dot-product", 266, 16, 206),
+    (1, "weighted mix", 162, 52, 151),
+    (8, "masks", 321, 52, 151),
+    (5, "heads: split · attend · merge", 162, 88, 310),
+    (6, "feed-forward", 162, 124, 118),
+    (9, "add & norm, N× stack", 288, 124, 184),
+    (11, "the full models", 490, 16, 220),
+    (12, "generate", 490, 52, 108),
+    (13, "train", 602, 52, 108),
+    (10, "KV cache", 490, 88, 108),
+    (14, "processes", 602, 88, 108),
+    (15, "real weights", 490, 124, 108),
+    (16, "GGUF file", 602, 124, 108),
+    (17, "LoRA", 490, 160, 108),
 ]
-ARROWS = [((132, 72), (140, 72)), ((236, 72), (246, 72)), ((658, 72), (668, 72))]
+ARROWS = [((74, 80), (74, 88)), ((144, 102), (154, 102)), ((480, 30), (490, 30))]
+WIDTH, HEIGHT = 714, 196
 
 
 def svg(chapter: int) -> str:
     parts = [
-        '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 900 208" width="900" height="208" '
-        f'role="img" aria-label="Map of the book: chapter {chapter} highlighted">',
-        '<rect x="246" y="8" width="412" height="138" rx="10" fill="#f4f6fb" stroke="#b8c2d8"/>',
-        '<text x="648" y="140" text-anchor="end" font-family="sans-serif" font-size="12" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
+        f'height="{HEIGHT}" role="img" aria-label="Map of the book: chapter {chapter} highlighted">',
+        '<rect x="154" y="8" width="326" height="178" rx="10" fill="#f4f6fb" stroke="#b8c2d8"/>',
+        '<text x="472" y="176" text-anchor="end" font-family="sans-serif" font-size="13" '
         'fill="#5a6478">one Transformer block</text>',
     ]
     for n, label, x, y, w in BOXES:
@@ -49,7 +51,7 @@ def svg(chapter: int) -> str:
         parts.append(f'<text x="{x + w / 2}" y="{y + 18.5}" text-anchor="middle" font-family="sans-serif" '
                      f'font-size="13" font-weight="{weight}" fill="{color}">{n}. {escape(label)}</text>')
     for (x0, y0), (x1, y1) in ARROWS:
-        parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x1 - 1}" y2="{y1}" stroke="#5a6478" stroke-width="1.5"/>')
+        parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y1}" stroke="#5a6478" stroke-width="1.5"/>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -59,6 +59,15 @@ def test_chapter_has_its_map_and_a_diagram(stem):
 
 
 @pytest.mark.parametrize("stem", NUMBERED)
+def test_map_is_legible_in_the_column(stem):
+    "The map is drawn at about the column's width (752 px at 1280), so 13-px labels stay >= 12 px."
+    root = ET.parse(ROOT / "nbs" / "figures" / f"map-{int(stem[:2]):02d}.svg").getroot()
+    width = float(root.get("viewBox").split()[2])
+    sizes = {float(t.get("font-size")) for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert min(sizes) * min(1.0, 690 / width) >= 12, f"map of {stem}: {min(sizes)}-px labels in {width} px"
+
+
+@pytest.mark.parametrize("stem", NUMBERED)
 def test_chapter_ends_with_exercises_and_folded_solutions(stem):
     cells = _cells(stem)
     heads = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"

@@ -96,6 +96,11 @@ EXEMPT = {
                         "checks.check_dtype and the chapter notebooks",
     "checks.door": "the per-thread flags of checks at the door (tests/test_door.py)",
     "checks.inside": "calls any function with the door's flag raised (tests/test_door.py)",
+    **{f"exercises.{name}": "runs a reader's function on its own cases; right and wrong "
+       "answers for each checker are in tests/test_exercises.py" for name in (
+        "ExerciseError", "check_softmax", "check_embedding", "check_projections",
+        "check_attention", "check_split_heads", "check_feedforward", "check_rope",
+        "check_causal_mask", "check_layer_norm", "check_cache_step", "check_lora")},
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
            "fill", "check_rules", "model_from_rules", "load_folder", "PretrainedTokenizer",

@@ -1,0 +1,140 @@
+"""minitransformer.exercises: each checker accepts a right answer, names each known mistake in
+its sentence, reports a reader's exception with the case, and leaves the global random state
+alone."""
+import math
+
+import pytest
+import torch
+
+from minitransformer import exercises as E
+
+F = torch.nn.functional
+
+
+def _softmax(s):
+    top = s.amax(-1, keepdim=True)
+    e = (s - torch.where(torch.isfinite(top), top, 0.0)).exp()
+    return e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def _attention(q, k, v, mask=None, scale=None, dim=-1):
+    s = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale is None else scale)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return s.softmax(dim) @ v
+
+
+def _rope(x, pos, shift=0, pairs=False):
+    D = x.shape[-1]
+    a = (pos + shift).float()[:, None] * 10000 ** (-torch.arange(0, D, 2).float() / D)
+    c, s = a.cos(), a.sin()
+    if pairs:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
+
+
+def _ln(x, eps, unbiased=False):
+    return (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, unbiased=unbiased) + eps).sqrt()
+
+
+def _step(kc, vc, q, k, v, past_only=False):
+    K, V = torch.cat([kc, k], -2), torch.cat([vc, v], -2)
+    out = _attention(q, kc, vc) if past_only and kc.shape[-2] else _attention(q, K, V)
+    return out, K, V
+
+
+def _lora(x, W, b, A, B, alpha, scale_by_r=True):
+    return x @ W.T + b + (alpha / A.shape[0] if scale_by_r else alpha) * (x @ A.T @ B.T)
+
+
+def _mask(T, S, diag=None, polarity=True, dtype=torch.bool):
+    m = torch.ones(T, S, dtype=torch.bool).tril(S - T if diag is None else diag)
+    return (m if polarity else ~m).to(dtype)
+
+
+CASES = [  # checker, a right answer, [(a wrong answer, words its sentence must contain)]
+    (E.check_softmax, _softmax, [
+        (lambda s: s.exp() / s.exp().sum(-1, keepdim=True), "overflows"),
+        (lambda s: (s - s.amax(-1, keepdim=True)).exp(), "not normalised"),
+        (lambda s: s.softmax(-1), "not NaN"),
+        (lambda s: s.softmax(0), "first axis")]),
+    (E.check_embedding, lambda ids, t: t[ids], [
+        (lambda ids, t: t[(ids + 1) % t.shape[0]], "one token off"),
+        (lambda ids, t: t[ids][..., :1], "returned shape")]),
+    (E.check_projections, lambda x, s, a, b, c: (x @ a, s @ b, s @ c), [
+        (lambda x, s, a, b, c: (x @ a, x @ b, x @ c), "wrong input"),
+        (lambda x, s, a, b, c: (x @ a, s @ b), r"must return \(q, k, v\)")]),
+    (E.check_attention, _attention, [
+        (lambda q, k, v, m: _attention(q, k, v, m, scale=1.0), "not scaled"),
+        (lambda q, k, v, m: _attention(q, k, v, m, scale=q.shape[-1]), "divided the scores by D"),
+        (lambda q, k, v, m: _attention(q, k, v, None if m is None else ~m), "polarity"),
+        (lambda q, k, v, m: _attention(q, k, v, None), "ignores the mask"),
+        (lambda q, k, v, m: _attention(q, k, v, m, dim=-2), "over the queries")]),
+    (E.check_split_heads, lambda x, h: x.unflatten(-1, (h, -1)).transpose(-3, -2), [
+        (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1), "directly"),
+        (lambda x, h: x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2), "every H-th")]),
+    (E.check_feedforward, lambda x, w1, b1, w2, b2: F.gelu(x @ w1 + b1) @ w2 + b2, [
+        (lambda x, w1, b1, w2, b2: F.gelu(x @ w1 + b1, approximate="tanh") @ w2 + b2, "tanh"),
+        (lambda x, w1, b1, w2, b2: F.relu(x @ w1 + b1) @ w2 + b2, "ReLU"),
+        (lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2, "no activation")]),
+    (E.check_rope, _rope, [
+        (lambda x, p: _rope(x, p, shift=1), "ahead"),
+        (lambda x, p: _rope(x, p, shift=-1), "behind"),
+        (lambda x, p: _rope(x, p, pairs=True), "neighbouring"),
+        (lambda x, p: _rope(x, -p), "wrong way")]),
+    (E.check_causal_mask, _mask, [
+        (lambda T, S: _mask(T, S, polarity=False), "polarity"),
+        (lambda T, S: _mask(T, S, diag=0), "top-left"),
+        (lambda T, S: _mask(T, S, diag=S - T - 1), "own position"),
+        (lambda T, S: _mask(T, S, dtype=torch.float32), "boolean")]),
+    (E.check_layer_norm, _ln, [
+        (lambda x, eps: _ln(x, eps, unbiased=True), "unbiased"),
+        (lambda x, eps: (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True, unbiased=False) + eps),
+         "inside the square root"),
+        (lambda x, eps: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt(), "RMSNorm")]),
+    (E.check_cache_step, _step, [
+        (lambda kc, vc, q, k, v: _step(kc, vc, q, k, v, past_only=True), "only to the past"),
+        (lambda kc, vc, q, k, v: (_attention(q, torch.cat([kc, k], -2), torch.cat([vc, v], -2)),
+                                  torch.cat([k, kc], -2), torch.cat([v, vc], -2)), "before the past")]),
+    (E.check_lora, _lora, [
+        (lambda x, W, b, A, B, alpha: _lora(x, W, b, A, B, alpha, scale_by_r=False), "alpha / r"),
+        (lambda x, W, b, A, B, alpha: x @ W.T + b, "no update")]),
+]
+
+
+@pytest.mark.parametrize("checker, right, wrongs", CASES, ids=[c[0].__name__ for c in CASES])
+def test_checker_accepts_right_and_names_mistakes(checker, right, wrongs, capsys):
+    checker(right)
+    assert "agree with the package" in capsys.readouterr().out
+    for wrong, words in wrongs:
+        with pytest.raises(E.ExerciseError, match=words):
+            checker(wrong)
+
+
+def test_every_checker_is_covered():
+    checkers = {n for n in E.__all__ if n.startswith("check_")}
+    assert checkers == {c[0].__name__ for c in CASES}
+
+
+def test_a_readers_exception_names_the_case():
+    def broken(scores):
+        raise IndexError("index 3 is out of bounds")
+    with pytest.raises(E.ExerciseError, match=r"raised IndexError \(index 3.*\) on scores of shape"):
+        E.check_softmax(broken)
+
+
+def test_a_wrong_value_type_and_a_non_function():
+    with pytest.raises(E.ExerciseError, match="returned a list, not a tensor"):
+        E.check_causal_mask(lambda T, S: [[True]])
+    with pytest.raises(TypeError, match="takes your function, got int"):
+        E.check_softmax(3)
+
+
+def test_checkers_leave_the_random_state_alone():
+    torch.manual_seed(0)
+    expected = torch.randn(3)
+    torch.manual_seed(0)
+    E.check_lora(_lora)  # builds layers, whose initialisation draws random numbers
+    assert torch.equal(torch.randn(3), expected)

@@ -25,8 +25,7 @@ def default_device() -> torch.device:
 def seed_everything(seed: int) -> None:
     """Seed Python's, torch's (all devices) and, if installed, NumPy's generators.
     `seed` is any int >= 0; torch takes it modulo 2**64 and NumPy modulo 2**32."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    _check_seed(seed)  # an int >= 0
     random.seed(seed)
     torch.manual_seed(seed % 2**64)  # also seeds every CUDA device
     try:
@@ -34,3 +33,9 @@ def seed_everything(seed: int) -> None:
     except ImportError:
         return
     np.random.seed(seed % 2**32)
+
+# %% ../nbs/00_core.ipynb #fd262c4f
+def _check_seed(seed) -> None:
+    "Raise unless `seed` is an int >= 0 (not a bool)."
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")

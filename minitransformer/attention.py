@@ -18,6 +18,9 @@ from .qkv import check_qkv
 __all__ = ['check_mask', 'attention_with_weights', 'scaled_dot_product_attention']
 
 # %% ../nbs/04_attention.ipynb #4e9b74c7
+_SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa
+
+
 def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -> None:
     "Raise unless `mask` is None or boolean (True = attend) and broadcasts to `shape`."
     if not (isinstance(shape, (tuple, torch.Size))
@@ -66,7 +69,7 @@ def _prepare(q, k, mask, scale, is_causal: bool, fused: bool = False) -> tuple:
         if fused and mask is None and T == S:  # PyTorch's rule (top-left) agrees
             return scale, None, True
         causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        mask = causal if mask is None else mask & causal  # bottom-right (chapter 8)
+        mask = causal if mask is None else mask & causal  # bottom-right aligned
     return scale, mask, False
 
 
@@ -80,7 +83,7 @@ def _check_groups(q, k, v) -> None:
                          f"{shape_str(v)} need the same number of heads (dim -3), "
                          f"dividing the queries' {H} ({shape_str(q)})")
 
-
+# %% ../nbs/04_attention.ipynb #58d08343
 def attention_with_weights(
     q: torch.Tensor,  # (..., T, D) queries
     k: torch.Tensor,  # (..., S, D) keys
@@ -88,7 +91,7 @@ def attention_with_weights(
     mask: torch.Tensor | None = None,  # bool, True = may attend; to (..., T, S)
     dropout_p: float = 0.0,  # dropout on the weights (pass 0 when not training)
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
-    is_causal: bool = False,  # also: no query sees a later key (chapter 8)
+    is_causal: bool = False,  # also: no query sees a later key
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv), weights (..., T, S)
     "Scaled dot-product attention step by step; returns the output and the weights."
     if not door.checked:  # (appendix D: checked once, at the door)
@@ -96,9 +99,7 @@ def attention_with_weights(
     scale, mask, _ = _prepare(q, k, mask, scale, is_causal)
     empty = mask is not None and not door.no_empty_rows  # may a row see nothing?
     scores = q @ k.transpose(-2, -1) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
-    if mask is not None:
-        # blocked keys get no weight: -inf is *added*, as in PyTorch's kernels, so
-        # both paths treat non-finite scores alike (the rule at the end of the chapter)
+    if mask is not None:  # blocked keys get no weight: -inf is *added*, as in PyTorch
         scores = torch.where(mask, scores, scores - math.inf)
     weights = softmax(scores) if k.shape[-2] else scores  # no keys: (..., T, 0)
     if empty:  # (..., T, 1): queries that may see nothing: zeros, always
@@ -111,9 +112,6 @@ def attention_with_weights(
     return out, weights
 
 # %% ../nbs/04_attention.ipynb #b46b2a28
-_SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa
-
-
 def scaled_dot_product_attention(
     q: torch.Tensor,  # (..., T, D) queries
     k: torch.Tensor,  # (..., S, D) keys
@@ -122,17 +120,17 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,  # dropout on the weights (pass 0 when not training)
     scale: float | None = None,  # score multiplier; 1/sqrt(D) if None
     enable_gqa: bool = False,  # k, v may have H_kv heads (dim -3) dividing q's H
-    is_causal: bool = False,  # also: no query sees a later key (chapter 8)
+    is_causal: bool = False,  # also: no query sees a later key
 ) -> torch.Tensor:  # (..., T, Dv)
     """softmax(q kᵀ · scale, masked) v by PyTorch's fused kernel; a query with no
     allowed key gives 0. `is_causal` without a mask, over as many queries as keys,
     builds no mask at all: the kernel skips the blocked half itself (on CUDA, the
     flash kernel)."""
-    if not door.checked:
+    if not door.checked:  # (appendix D: checked once, at the door)
         scale = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
     scale, mask, causal = _prepare(q, k, mask, scale, is_causal, fused=True)
     kw = {}
-    if enable_gqa and k.shape[-3] != q.shape[-3]:  # grouped-query attention (ch. 5)
+    if enable_gqa and k.shape[-3] != q.shape[-3]:  # fewer K/V heads than query heads
         if _SDPA_GQA:  # the kernel reads each K/V head for its group of query heads
             kw = {"enable_gqa": True}
         else:  # torch < 2.5: repeat K and V per query head

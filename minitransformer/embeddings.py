@@ -40,6 +40,42 @@ def _strings(values, name: str) -> list[str]:
     return values
 
 
+def _check_level(level) -> None:
+    "Raise unless `level` names a tokenizer level."
+    if level not in ("word", "char"):
+        raise ValueError(f"level must be 'word' or 'char', got {level!r}")
+
+
+def _check_str(text) -> None:
+    "Raise unless `text` is one string."
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+
+
+def _check_text_list(texts, kind: str, nonempty: bool = False) -> list[str]:
+    "`texts`, many strings (not one str), as a list; `kind` names the container."
+    if isinstance(texts, str):
+        raise TypeError(f"texts must be {kind} of strings, not one string")
+    texts = _strings(texts, "texts")
+    if nonempty and not texts:
+        raise ValueError("texts must be a non-empty sequence of strings, got none")
+    return texts
+
+
+def _check_pad_args(rows, pad_id, left) -> list[list[int]]:
+    "`pad_ids`'s rows as lists of plain ints; raise unless its arguments fit."
+    if isinstance(rows, (str, bytes, torch.Tensor)):
+        raise TypeError(f"rows must be a sequence of lists of token ids, got "
+                        f"{type(rows).__name__}")
+    rows = _as_list(rows, "rows", "lists of token ids")
+    rows = [check_id_list(r, name=f"rows[{b}]") for b, r in enumerate(rows)]
+    if not rows:
+        raise ValueError("rows must hold at least one row of token ids, got none")
+    check_int(pad_id, "pad_id", minimum=0)
+    check_flag(left, "left")
+    return rows
+
+
 def check_id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]:
     """`ids` (ints, or a 0-D/1-D integer tensor) as a list of plain ints, each in
     `[0, vocab_size)` if a `vocab_size` is given; else raise naming `name`. The one
@@ -76,8 +112,7 @@ class Vocabulary:
                  tokens: Iterable[str],  # ordinary tokens (the specials come first)
                  level: str = "word",  # "word": words, punctuation; "char": characters
                  lowercase: bool = False):  # fold text to lower case before splitting
-        if level not in ("word", "char"):
-            raise ValueError(f"level must be 'word' or 'char', got {level!r}")
+        _check_level(level)
         tokens = _strings(tokens, "tokens")  # one str: its characters
         self.level, self.lowercase = level, lowercase
         self.itos: list[str] = list(SPECIAL_TOKENS)
@@ -91,9 +126,7 @@ class Vocabulary:
                    lowercase: bool = False, min_freq: int = 1):
         """From `texts`: tokens seen at least `min_freq` times, most frequent first.
         No texts (or none with a token that frequent) give the specials alone."""
-        if isinstance(texts, str):
-            raise TypeError("texts must be an iterable of strings, not one string")
-        texts = _strings(texts, "texts")
+        texts = _check_text_list(texts, "an iterable")
         min_freq = check_positive_int(min_freq, "min_freq")
         probe = cls([], level, lowercase)
         counts = Counter(tok for text in texts for tok in probe.split(text))
@@ -112,8 +145,7 @@ class Vocabulary:
 
     def split(self, text: str) -> list[str]:
         "Cut `text` into token strings (no ids yet)."
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        _check_str(text)
         if self.lowercase:
             text = text.lower()
         return list(text) if self.level == "char" else _WORD.findall(text)
@@ -145,11 +177,7 @@ class Tokenizer(Vocabulary):
         """Ids `(B, T)`, right-padded with `pad_id`, and the mask `(B, T)`, True at
         real tokens (`pad_ids`). `texts` must hold at least one string (else
         ValueError)."""
-        if isinstance(texts, str):
-            raise TypeError("texts must be a sequence of strings, not one string")
-        texts = _strings(texts, "texts")
-        if not texts:
-            raise ValueError("texts must be a non-empty sequence of strings, got none")
+        texts = _check_text_list(texts, "a sequence", nonempty=True)
         return pad_ids([self.encode(t, add_bos, add_eos) for t in texts], self.pad_id)
 
 # %% ../nbs/02_embeddings.ipynb #8d31c42d
@@ -159,16 +187,8 @@ def pad_ids(rows: Sequence[Sequence[int]],  # B rows of token ids, of any length
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids `(B, T)` int64, T the longest row, and the mask `(B, T)` bool, True at
     real tokens. `rows` must hold at least one row; a row may be empty."""
-    if not door.checked:  # (appendix D: checked once, at the door; e.g. by generate)
-        if isinstance(rows, (str, bytes, torch.Tensor)):
-            raise TypeError(f"rows must be a sequence of lists of token ids, got "
-                            f"{type(rows).__name__}")
-        rows = _as_list(rows, "rows", "lists of token ids")
-        rows = [check_id_list(r, name=f"rows[{b}]") for b, r in enumerate(rows)]
-        if not rows:
-            raise ValueError("rows must hold at least one row of token ids, got none")
-        check_int(pad_id, "pad_id", minimum=0)
-        check_flag(left, "left")
+    if not door.checked:  # (appendix D: checked once, at the door)
+        rows = _check_pad_args(rows, pad_id, left)
     T = max(map(len, rows))
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), T, dtype=torch.bool)

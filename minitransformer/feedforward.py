@@ -21,23 +21,29 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 def activation(name: str, z: torch.Tensor) -> torch.Tensor:
     "Point-wise activation `name`: relu, gelu, gelu_tanh, or silu/swiglu (the gate)."
     if not door.checked:  # (appendix D: checked once, at the door)
-        check_tensor(z, "z", floating=True)  # relu would pass integers, gelu not
+        _check_activation(name, z)  # a known name; z floating (relu would take ints)
     if name == "relu":
         return F.relu(z)
     if name == "gelu":
-        return F.gelu(z)  # z * Phi(z), exact (erf)
+        return F.gelu(z)  # z * Phi(z), exact (erf), as in BERT
     if name == "gelu_tanh":
-        return F.gelu(z, approximate="tanh")  # as in BERT's and GPT-2's code
-    if name in ("silu", "swiglu"):
-        return F.silu(z)  # z * sigmoid(z)
-    raise ValueError(f"unknown activation {name!r}; choose from {ACTIVATIONS}")
+        return F.gelu(z, approximate="tanh")  # as in GPT-2's code
+    return F.silu(z)  # silu or swiglu: z * sigmoid(z)
+
+# %% ../nbs/06_feedforward.ipynb #6f164502
+def _check_activation(name, z) -> None:
+    "Raise unless `name` is a known activation and `z` a floating-point tensor."
+    check_tensor(z, "z", floating=True)  # relu would pass integers, gelu not
+    if name not in ACTIVATIONS + ("silu",):
+        raise ValueError(f"unknown activation {name!r}; choose from {ACTIVATIONS}")
 
 # %% ../nbs/06_feedforward.ipynb #4a9f9ff5
 class FeedForward(nn.Module):
     """Position-wise feed-forward network `(..., T, C) → (..., T, C)`, token by token.
 
-    relu / gelu / gelu_tanh: `W2 φ(W1 x)`; swiglu: `W2 (SiLU(W1 x) ⊙ W3 x)`. `x` has the
-    weights' dtype; T = 0 or an empty batch gives an empty output."""
+    Row vectors, biases aside: relu / gelu / gelu_tanh `φ(x W1) W2`; swiglu
+    `(SiLU(x W1) ⊙ x W3) W2`. `x` has the weights' dtype; T = 0 or an empty batch gives
+    an empty output."""
 
     def __init__(self,
                  d_model: int,  # C, the token width in and out
@@ -47,13 +53,7 @@ class FeedForward(nn.Module):
                  dropout: float = 0.0,  # dropout on the hidden units while training
                  device=None, dtype=None):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; "
-                             f"choose from {ACTIVATIONS}")
-        check_positive_int(d_model, "d_model")
-        check_positive_int(d_ff, "d_ff")
-        check_dropout(dropout)
-        check_float_dtype(dtype)
+        _check_ffn_args(activation, d_model, d_ff, dropout, dtype)  # known, sizes ≥ 1
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.w1 = nn.Linear(d_model, d_ff, **kw)
@@ -77,6 +77,17 @@ class FeedForward(nn.Module):
                 f"activation={self.activation!r}")
 
 # %% ../nbs/06_feedforward.ipynb #64b35976
+def _check_ffn_args(activation, d_model, d_ff, dropout, dtype) -> None:
+    "Raise unless the activation is known and the sizes, dropout and dtype are valid."
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; "
+                         f"choose from {ACTIVATIONS}")
+    check_positive_int(d_model, "d_model")
+    check_positive_int(d_ff, "d_ff")
+    check_dropout(dropout)
+    check_float_dtype(dtype)
+
+
 def _check_input(x, d_model: int, dtype: torch.dtype) -> None:
     "Raise unless `x` is a floating tensor `(..., d_model)` of the weights' `dtype`."
     check_width(x, "x", d_model, "FeedForward expects d_model")

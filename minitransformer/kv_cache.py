@@ -62,11 +62,7 @@ class KVCache:
         past = self.length if self.stack is None else self.stack.length
         T = k.shape[2]
         if not door.checked:  # (appendix D: checked once, at the door)
-            if self.stack is not None:  # its length moves with the stack's
-                raise ValueError("this cache is one layer's part of a DecoderCache: "
-                                 "pass the DecoderCache to the Decoder or the model")
-            _check_entries(self.k, k, v)  # shapes, dtypes and devices fit the buffers
-            _check_room(past, T, self.k.shape[2])
+            _check_update(self, past, k, v)  # alone; k, v fit the buffers and the room
         # written in place: no torch.cat, no new memory
         self.k[:, :, past : past + T] = k
         self.v[:, :, past : past + T] = v
@@ -78,7 +74,7 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         "Forget every position from `length` on (the buffers are kept)."
-        self._alone("truncate")
+        _check_alone(self, "truncate")
         self.length = _check_truncation(length, self.length)
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,13 +84,8 @@ class KVCache:
 
     def reset(self) -> None:
         "Forget everything (the buffers are reused)."
-        self._alone("reset")
+        _check_alone(self, "reset")
         self.length = 0
-
-    def _alone(self, what: str) -> None:
-        if self.stack is not None:
-            raise ValueError(f"this cache shares the length of a DecoderCache: {what} "
-                             "that instead")
 
     def __repr__(self) -> str:
         static = ", static" if self.static else ""
@@ -102,6 +93,22 @@ class KVCache:
                 f"dtype={self.k.dtype}, device={self.k.device}{static})")
 
 # %% ../nbs/10_kv_cache.ipynb #76b0c7b4
+def _check_update(cache, past: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    "Raise unless `cache` stands alone and `k`, `v` fit its buffers after `past`."
+    if cache.stack is not None:  # its length moves with the stack's
+        raise ValueError("this cache is one layer's part of a DecoderCache: "
+                         "pass the DecoderCache to the Decoder or the model")
+    _check_entries(cache.k, k, v)  # shapes, dtypes and devices fit the buffers
+    _check_room(past, k.shape[2], cache.k.shape[2])
+
+
+def _check_alone(cache, what: str) -> None:
+    "Raise if `cache` is one layer's part of a `DecoderCache` (which counts length)."
+    if cache.stack is not None:
+        raise ValueError(f"this cache shares the length of a DecoderCache: {what} "
+                         "that instead")
+
+
 def _check_truncation(length, current: int) -> int:
     "`length` as an int if it is in [0, current], a length a cache may be cut to."
     length = check_int(length, "length", minimum=0)
@@ -132,7 +139,7 @@ def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
         raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the "
                          "same number of positions")
 
-# %% ../nbs/10_kv_cache.ipynb #3f958e4a
+# %% ../nbs/10_kv_cache.ipynb #e5c7d5f6
 def check_encoder_output(memory, d_model: int,
                          batch_size: int | None = None) -> torch.Tensor:
     """`memory` if it is an encoder output `(B, S, C)`: floating, B, S >= 1, C =
@@ -158,6 +165,91 @@ def _check_cross_source(memory, cache: KVCache, d_model: int) -> None:
                          f"allocated for source_len={S_max}")
 
 
+def _check_cache_lists(self_attn, cross_attn) -> None:
+    "Raise unless the lists hold one fresh `KVCache` per layer, all of one length."
+    for name, caches in (("self_attn", self_attn), ("cross_attn", cross_attn)):
+        if caches is None and name == "cross_attn":
+            continue
+        if (not isinstance(caches, list) or not caches
+                or not all(isinstance(c, KVCache) for c in caches)):
+            raise TypeError(f"{name} must be a non-empty list of KVCache, one per "
+                            f"layer, got {caches!r:.80}")
+    if len({c.static for c in self_attn}) != 1:
+        raise ValueError("self_attn's caches must be all static or none")
+    if any(c.static for c in cross_attn or []):
+        raise ValueError("cross_attn's caches are read whole: they cannot be "
+                         "static")
+    if len({len(c) for c in self_attn}) != 1:
+        raise ValueError(f"self_attn's caches must all hold as many positions, got "
+                         f"{[len(c) for c in self_attn]}")
+    if cross_attn is not None and len(cross_attn) != len(self_attn):
+        raise ValueError(f"cross_attn has {len(cross_attn)} caches for "
+                         f"{len(self_attn)} layers")
+    everyone = self_attn + (cross_attn or [])
+    if (any(c.stack is not None for c in everyone)
+            or len({id(c) for c in everyone}) != len(everyone)):
+        raise ValueError("each KVCache can serve one layer of one DecoderCache")
+
+
+def _check_for_decoder(decoder, source_len) -> None:
+    "Raise unless `decoder` is a `Decoder`, with `source_len` iff cross-attention."
+    if not isinstance(decoder, Decoder):
+        raise TypeError(f"decoder must be a Decoder, got {type(decoder).__name__}")
+    if decoder.cross_attention != (source_len is not None):
+        raise ValueError("a decoder with cross-attention needs source_len, the "
+                         "length of the encoder output; one without takes none")
+
+
+def _check_cross_fill(cache, decoder, memory) -> None:
+    "Raise unless `cache` has empty cross-attention caches for `decoder` and `memory`."
+    if cache.cross_attn is None or len(cache.cross_attn) != len(decoder.layers):
+        raise ValueError("this cache has no cross-attention caches for this "
+                         "decoder's layers")
+    if any(len(c) for c in cache.cross_attn):
+        raise ValueError("the cross-attention caches are already filled; "
+                         "reset() to start over")
+    _check_cross_source(memory, cache.cross_attn[0],
+                        decoder.layers[0].cfg.d_model)
+
+
+def _check_cache_fits(cache, decoder, B: int, T: int, memory) -> None:
+    "Raise unless `cache` fits `decoder` for T new tokens of B sequences and `memory`."
+    cross, n = cache.cross_attn, len(decoder.layers)
+    if not decoder.cross_attention and cross is not None:
+        raise ValueError("this stack has no cross-attention, but the cache has "
+                         "cross-attention caches: make it with this model's "
+                         "make_cache")
+    if decoder.cross_attention and cross is None and memory is None:
+        raise ValueError("this stack's cross-attention needs the encoder output "
+                         "`memory`, or a cache whose cross-attention part is "
+                         "filled from it (make_cache(memory))")
+    if cross is not None:
+        if memory is not None:
+            raise ValueError("the cache already holds the cross-attention keys "
+                             "and values of the encoder output: pass memory=None")
+        if any(len(c) == 0 for c in cross):
+            raise ValueError("the cache's cross-attention part is empty: fill it "
+                             "first with the encoder output's keys and values "
+                             "(fill_cross_attention)")
+    if len(cache.self_attn) != n or len(cross or [None] * n) != n:
+        raise ValueError(f"the cache has {len(cache.self_attn)} layers' caches for "
+                         f"a stack of {n} layers")
+    _check_allocation(cache.self_attn + list(cross or []), decoder.layers[0], B)
+    _check_room(cache.length, T, cache.max_len)
+
+
+def _check_allocation(caches: list, layer, B: int) -> None:
+    "Raise unless each cache was allocated for this layer's stack, B, dtype, device."
+    attn, w = layer.self_attn, layer.ff_norm.weight
+    want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
+    for c in caches:
+        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
+        if got != want:
+            raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
+                             f"dtype, device) = {got}, but this call needs {want}: "
+                             "make it with the model's make_cache")
+
+# %% ../nbs/10_kv_cache.ipynb #3f958e4a
 @dataclass
 class DecoderCache:
     """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for
@@ -169,29 +261,7 @@ class DecoderCache:
     length: int = field(init=False, default=0)
 
     def __post_init__(self):
-        for name in ("self_attn", "cross_attn"):
-            caches = getattr(self, name)
-            if caches is None and name == "cross_attn":
-                continue
-            if (not isinstance(caches, list) or not caches
-                    or not all(isinstance(c, KVCache) for c in caches)):
-                raise TypeError(f"{name} must be a non-empty list of KVCache, one per "
-                                f"layer, got {caches!r:.80}")
-        if len({c.static for c in self.self_attn}) != 1:
-            raise ValueError("self_attn's caches must be all static or none")
-        if any(c.static for c in self.cross_attn or []):
-            raise ValueError("cross_attn's caches are read whole: they cannot be "
-                             "static")
-        if len({len(c) for c in self.self_attn}) != 1:
-            raise ValueError(f"self_attn's caches must all hold as many positions, got "
-                             f"{[len(c) for c in self.self_attn]}")
-        if self.cross_attn is not None and len(self.cross_attn) != len(self.self_attn):
-            raise ValueError(f"cross_attn has {len(self.cross_attn)} caches for "
-                             f"{len(self.self_attn)} layers")
-        everyone = self.self_attn + (self.cross_attn or [])
-        if (any(c.stack is not None for c in everyone)
-                or len({id(c) for c in everyone}) != len(everyone)):
-            raise ValueError("each KVCache can serve one layer of one DecoderCache")
+        _check_cache_lists(self.self_attn, self.cross_attn)  # one KVCache per layer
         self.length = len(self.self_attn[0])
         for c in self.self_attn:  # from now on, the stack's length is theirs
             c.stack = self
@@ -221,25 +291,14 @@ class DecoderCache:
                     source_len: int | None = None,
                     static: bool = False) -> DecoderCache:
         "Empty caches shaped for `decoder`, on its device and in its dtype."
-        if not isinstance(decoder, Decoder):
-            raise TypeError(f"decoder must be a Decoder, got {type(decoder).__name__}")
-        if decoder.cross_attention != (source_len is not None):
-            raise ValueError("a decoder with cross-attention needs source_len, the "
-                             "length of the encoder output; one without takes none")
+        _check_for_decoder(decoder, source_len)
         attn, p = decoder.layers[0].self_attn, next(decoder.parameters())
         return cls.allocate(len(decoder.layers), batch_size, attn.n_kv_heads, max_len,
                             attn.head_dim, source_len, p.device, p.dtype, static)
 
     def fill_cross_attention(self, decoder: Decoder, memory: torch.Tensor) -> None:
         "Project the encoder output `memory` `(B, S, C)` into each layer's cross cache."
-        if self.cross_attn is None or len(self.cross_attn) != len(decoder.layers):
-            raise ValueError("this cache has no cross-attention caches for this "
-                             "decoder's layers")
-        if any(len(c) for c in self.cross_attn):
-            raise ValueError("the cross-attention caches are already filled; "
-                             "reset() to start over")
-        _check_cross_source(memory, self.cross_attn[0],
-                            decoder.layers[0].cfg.d_model)
+        _check_cross_fill(self, decoder, memory)  # empty, and fits `memory`
         try:
             for layer, c in zip(decoder.layers, self.cross_attn):
                 c.update(*layer.cross_attn.context_keys_values(memory))
@@ -252,28 +311,7 @@ class DecoderCache:
         """Raise unless this cache fits `decoder` (a stack) for T new tokens of B
         sequences and the encoder output `memory` (None when the cache holds its keys
         and values); return how many key positions self-attention then reads."""
-        cross, n = self.cross_attn, len(decoder.layers)
-        if not decoder.cross_attention and cross is not None:
-            raise ValueError("this stack has no cross-attention, but the cache has "
-                             "cross-attention caches: make it with this model's "
-                             "make_cache")
-        if decoder.cross_attention and cross is None and memory is None:
-            raise ValueError("this stack's cross-attention needs the encoder output "
-                             "`memory`, or a cache whose cross-attention part is "
-                             "filled from it (make_cache(memory))")
-        if cross is not None:
-            if memory is not None:
-                raise ValueError("the cache already holds the cross-attention keys "
-                                 "and values of the encoder output: pass memory=None")
-            if any(len(c) == 0 for c in cross):
-                raise ValueError("the cache's cross-attention part is empty: fill it "
-                                 "first with the encoder output's keys and values "
-                                 "(fill_cross_attention)")
-        if len(self.self_attn) != n or len(cross or [None] * n) != n:
-            raise ValueError(f"the cache has {len(self.self_attn)} layers' caches for "
-                             f"a stack of {n} layers")
-        _check_allocation(self.self_attn + list(cross or []), decoder.layers[0], B)
-        _check_room(self.length, T, self.max_len)
+        _check_cache_fits(self, decoder, B, T, memory)
         return self.max_len if self.static else self.length + T
 
     def __len__(self) -> int:
@@ -301,15 +339,3 @@ class DecoderCache:
     def truncate(self, length: int) -> None:
         "Forget every token from `length` on (the buffers are kept)."
         self.length = _check_truncation(length, self.length)
-
-
-def _check_allocation(caches: list, layer, B: int) -> None:
-    "Raise unless each cache was allocated for this layer's stack, B, dtype, device."
-    attn, w = layer.self_attn, layer.ff_norm.weight
-    want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
-    for c in caches:
-        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
-        if got != want:
-            raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
-                             f"dtype, device) = {got}, but this call needs {want}: "
-                             "make it with the model's make_cache")

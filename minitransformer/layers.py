@@ -154,14 +154,28 @@ class LayerConfig:
         "A norm of the configured kind and width."
         return make_norm(self.norm, self.d_model, self.norm_eps, self.bias)
 
+# %% ../nbs/09_layers.ipynb #2fdeaa44
+def _check_layer_config(cfg) -> None:
+    "Raise unless `cfg` is a `LayerConfig`."
+    if not isinstance(cfg, LayerConfig):
+        raise TypeError(f"cfg must be a LayerConfig, got {type(cfg).__name__}")
+
+
+def _check_layer_input(x, name: str, d_model: int, dtype: torch.dtype) -> None:
+    "Raise unless `x` holds `(B, T, C)` tokens, B, T >= 1, of width `d_model`, `dtype`."
+    check_width(x, name, d_model, "the layer has d_model", min_dim=3)
+    if 0 in x.shape[:-1]:
+        raise ValueError(f"{name} must hold at least one token, got shape "
+                         f"{shape_str(x)}")
+    check_dtype(x, name, dtype, "the layer's weights")
+
 # %% ../nbs/09_layers.ipynb #f67e0a18
 class _Sublayers(nn.Module):
     "Shared wiring: residual + norm around each sublayer, pre- or post-norm."
 
     def __init__(self, cfg: LayerConfig):
         super().__init__()
-        if not isinstance(cfg, LayerConfig):
-            raise TypeError(f"cfg must be a LayerConfig, got {type(cfg).__name__}")
+        _check_layer_config(cfg)
         self.cfg = cfg
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -180,11 +194,7 @@ class _Sublayers(nn.Module):
                                   rotary=rotary, n_kv_heads=c.n_kv_heads)
 
     def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
-        check_width(x, name, self.cfg.d_model, "the layer has d_model", min_dim=3)
-        if 0 in x.shape[:-1]:
-            raise ValueError(f"{name} must hold at least one token, got shape "
-                             f"{shape_str(x)}")
-        check_dtype(x, name, self.ff_norm.weight.dtype, "the layer's weights")
+        _check_layer_input(x, name, self.cfg.d_model, self.ff_norm.weight.dtype)
 
 
 class EncoderLayer(_Sublayers):
@@ -208,7 +218,7 @@ class EncoderLayer(_Sublayers):
                            lambda h: self.self_attn(h, mask=mask, positions=positions))
         return self._residual(x, self.ff_norm, self.ff)
 
-# %% ../nbs/09_layers.ipynb #f1cab049
+# %% ../nbs/09_layers.ipynb #7be4af8b
 def _check_cross_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> None:
     "Raise unless `memory` matches `x`'s batch and `memory_mask` its S positions."
     if isinstance(memory, torch.Tensor) and memory.shape[0] != x.shape[0]:
@@ -224,14 +234,30 @@ def _check_cross_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> N
                          f"broadcast to (B, H, T, S) = {want}")
 
 
+def _check_decoder_layer_args(layer, x, memory, memory_mask, cross_cache) -> None:
+    "Raise unless `x`, `memory` or a filled `cross_cache`, `memory_mask` fit `layer`."
+    layer._check_x(x)
+    if layer.cross_attn is None and (memory is not None or cross_cache is not None):
+        raise ValueError("this DecoderLayer was built with cross_attention=False; "
+                         "it takes no memory and no cross_cache")
+    if layer.cross_attn is not None and (memory is None) == (cross_cache is None):
+        raise ValueError("this DecoderLayer needs the encoder output `memory` or a "
+                         "cross_cache filled from it: exactly one of the two")
+    if memory is not None:
+        layer._check_x(memory, "memory")
+    if layer.cross_attn is not None:
+        _check_cross_memory(cross_cache if memory is None else memory, memory_mask,
+                            x, layer.cross_attn.n_heads)
+
+# %% ../nbs/09_layers.ipynb #f1cab049
 class DecoderLayer(_Sublayers):
     """Masked self-attention, cross-attention over `memory` (the encoder output), then
     feed-forward: `(B, T, C) → (B, T, C)`. With `cross_attention=False`, a GPT block.
 
     Masks are bool, True = may attend: `mask` broadcastable to `(B, H, T, S_self)`
-    (causal, plus padding), `memory_mask` to `(B, H, T, S)`. Caches (coming in
-    chapter 10) hold keys and values: `self_cache` grows with each new token;
-    `cross_cache`, filled once from `memory`, replaces it."""
+    (causal, plus padding), `memory_mask` to `(B, H, T, S)`. While generating, caches
+    hold keys and values: `self_cache` grows with each new token; `cross_cache`,
+    filled once from `memory`, replaces it."""
 
     def __init__(self, cfg: LayerConfig, cross_attention: bool = True,
                  rotary: nn.Module | None = None):
@@ -250,12 +276,12 @@ class DecoderLayer(_Sublayers):
                 mask: torch.Tensor | None = None,  # bool, causal (+ target padding)
                 memory_mask: torch.Tensor | None = None,  # bool, (B, 1, 1, S) padding
                 positions=None,  # rotary positions of the T tokens
-                self_cache=None,  # self-attention's KVCache (coming in chapter 10)
+                self_cache=None,  # self-attention's keys and values so far
                 cross_cache=None,  # cross-attention's, filled once from memory
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 ) -> torch.Tensor:
         if not door.checked:  # (appendix D; attention checks `mask` and the caches)
-            self._check_memory_args(x, memory, memory_mask, cross_cache)
+            _check_decoder_layer_args(self, x, memory, memory_mask, cross_cache)
         x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
             h, mask=mask, positions=positions, cache=self_cache, is_causal=is_causal))
         if self.cross_attn is not None:
@@ -264,30 +290,7 @@ class DecoderLayer(_Sublayers):
                                lambda h: self.cross_attn(h, context, mask=memory_mask))
         return self._residual(x, self.ff_norm, self.ff)
 
-    def _check_memory_args(self, x, memory, memory_mask, cross_cache) -> None:
-        self._check_x(x)
-        if self.cross_attn is None and (memory is not None or cross_cache is not None):
-            raise ValueError("this DecoderLayer was built with cross_attention=False; "
-                             "it takes no memory and no cross_cache")
-        if self.cross_attn is not None and (memory is None) == (cross_cache is None):
-            raise ValueError("this DecoderLayer needs the encoder output `memory` or a "
-                             "cross_cache filled from it: exactly one of the two")
-        if memory is not None:
-            self._check_x(memory, "memory")
-        if self.cross_attn is not None:
-            _check_cross_memory(cross_cache if memory is None else memory, memory_mask,
-                                x, self.cross_attn.n_heads)
-
-# %% ../nbs/09_layers.ipynb #54f758cb
-def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
-    "The rotary angles that every layer of a stack shares (None without rotary)."
-    if rotary is None:
-        return None
-    if positions is None:
-        positions = default_positions(past, x.shape[-2], x.device)
-    return rotary.angles(positions)
-
-
+# %% ../nbs/09_layers.ipynb #e48b06cc
 def _check_stack_args(stack: nn.Module, x, mask, positions,
                       keys: int | None = None) -> None:
     "Raise unless `x`, `mask` (to `(B, H, T, keys)`; keys = T) and `positions` fit."
@@ -305,6 +308,15 @@ def _check_stack_args(stack: nn.Module, x, mask, positions,
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
                          f"got shape {shape_str(positions)}")
     stack.rotary.angles(positions)  # their dtype and range
+
+# %% ../nbs/09_layers.ipynb #54f758cb
+def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
+    "The rotary angles that every layer of a stack shares (None without rotary)."
+    if rotary is None:
+        return None
+    if positions is None:
+        positions = default_positions(past, x.shape[-2], x.device)
+    return rotary.angles(positions)
 
 
 class Encoder(nn.Module):
@@ -329,12 +341,51 @@ class Encoder(nn.Module):
             x = layer(x, mask, angles)
         return self.norm(x)
 
+# %% ../nbs/09_layers.ipynb #6315ce0c
+class _DecoderPlumbing(nn.Module):
+    """What a `Decoder` does besides computing: it checks its arguments at the door and,
+    while generating, hands each layer its caches and advances the stack's length."""
+
+    def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):
+        "Raise unless the arguments of `forward` fit this stack and each other."
+        self.layers[0]._check_x(x)
+        keys = self.check_cache(cache, x.shape[0], x.shape[-2], memory)
+        check_flag(is_causal, "is_causal")
+        _check_stack_args(self, x, mask, positions, keys)
+        cross = None if cache is None or cache.cross_attn is None else cache.cross_attn
+        _check_decoder_layer_args(self.layers[0], x, memory, memory_mask,
+                                  None if cross is None else cross[0])
+
+    def check_cache(self, cache, B: int, T: int, memory=None) -> int:
+        """Raise unless `cache` is None or a `DecoderCache` (`minitransformer.kv_cache`)
+        that fits this stack for T new tokens of B sequences (and `memory`); return how
+        many key positions self-attention then reads."""
+        if cache is None:
+            return T
+        if not callable(getattr(cache, "check_fits", None)):
+            raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
+                            f"{type(cache).__name__}")
+        return cache.check_fits(self, B, T, memory)
+
+    def _layer_caches(self, cache) -> tuple[int, list]:
+        "Tokens cached so far (0 without a cache), each layer's (self, cross) caches."
+        n = len(self.layers)
+        if cache is None:
+            return 0, [(None, None)] * n
+        cross = cache.cross_attn if cache.cross_attn is not None else [None] * n
+        return cache.length, list(zip(cache.self_attn, cross))
+
+    @staticmethod
+    def _advance(cache, length: int) -> None:
+        "Once every layer has written its keys and values: the stack's new length."
+        if cache is not None:  # (a call that raised earlier advanced nothing)
+            cache.length = length
+
 # %% ../nbs/09_layers.ipynb #4b487aef
-class Decoder(nn.Module):
+class Decoder(_DecoderPlumbing):
     """`n_layers` decoder layers and, for pre-norm, a final norm:
-    `(B, T, C) → (B, T, C)`.
-    `cache` (coming in chapter 10) holds one cache per layer in `cache.self_attn` and,
-    for cross-attention, `cache.cross_attn`; a filled cross cache replaces `memory`."""
+    `(B, T, C) → (B, T, C)`. A `cache` (a `DecoderCache`) holds each layer's keys and
+    values while generating; a filled cross-attention part replaces `memory`."""
 
     def __init__(self, cfg: LayerConfig, n_layers: int, cross_attention: bool = True,
                  rotary: nn.Module | None = None):
@@ -354,36 +405,10 @@ class Decoder(nn.Module):
         if not door.checked:  # (appendix D: checked once, at the door)
             self._check(*args)
             return inside(Decoder.forward, self, *args)
-        past = 0 if cache is None else cache.length
+        past, caches = self._layer_caches(cache)  # no cache: 0, and None for each
         angles = _stack_positions(self.rotary, positions, past, x)
-        n = len(self.layers)
-        self_caches = [None] * n if cache is None else cache.self_attn
-        cross = cache is not None and cache.cross_attn is not None
-        cross_caches = cache.cross_attn if cross else [None] * n
-        for layer, sc, cc in zip(self.layers, self_caches, cross_caches):
-            x = layer(x, memory, mask, memory_mask, angles, sc, cc, is_causal)
-        if cache is not None:  # written by every layer: the stack's length advances
-            cache.length = past + x.shape[-2]  # (an error before leaves it as it was)
+        for layer, (self_cache, cross_cache) in zip(self.layers, caches):
+            x = layer(x, memory, mask, memory_mask, angles, self_cache, cross_cache,
+                      is_causal)
+        self._advance(cache, past + x.shape[-2])  # every layer has written T more
         return self.norm(x)
-
-    def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):
-        "Raise unless the arguments of `forward` fit this stack and each other."
-        self.layers[0]._check_x(x)
-        keys = self.check_cache(cache, x.shape[0], x.shape[-2], memory)
-        check_flag(is_causal, "is_causal")
-        _check_stack_args(self, x, mask, positions, keys)
-        cross = None if cache is None or cache.cross_attn is None else cache.cross_attn
-        self.layers[0]._check_memory_args(x, memory, memory_mask,
-                                          None if cross is None else cross[0])
-
-
-    def check_cache(self, cache, B: int, T: int, memory=None) -> int:
-        """Raise unless `cache` is None or a `DecoderCache` (coming in chapter 10) that
-        fits this stack for T new tokens of B sequences (and `memory`); return how
-        many key positions self-attention then reads."""
-        if cache is None:
-            return T
-        if not callable(getattr(cache, "check_fits", None)):
-            raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
-                            f"{type(cache).__name__}")
-        return cache.check_fits(self, B, T, memory)

@@ -20,13 +20,19 @@ def causal_mask(T: int,  # number of queries: the last T of the S positions
     """Causal mask `(T, S)`, aligned bottom-right: query i (at position S-T+i) may
     attend to keys 0..S-T+i."""
     if not door.checked:  # (appendix D: checked once, at the door)
-        T = check_positive_int(T, "T")
-        S = T if S is None else check_int(S, "S")
-        if S < T:
-            raise ValueError(f"a causal mask needs 1 <= T <= S (each query's own key "
-                             f"is among the keys), got T={T}, S={S}")
+        T, S = _check_causal(T, S)  # ints, 1 <= T <= S
     S = T if S is None else S
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+# %% ../nbs/08_masks.ipynb #53403d81
+def _check_causal(T, S) -> tuple[int, int]:
+    "(T, S) as ints, S by default T, if 1 <= T <= S; else raise."
+    T = check_positive_int(T, "T")
+    S = T if S is None else check_int(S, "S")
+    if S < T:
+        raise ValueError(f"a causal mask needs 1 <= T <= S (each query's own key "
+                         f"is among the keys), got T={T}, S={S}")
+    return T, S
 
 # %% ../nbs/08_masks.ipynb #eb06eb5a
 def padding_mask(lengths: torch.Tensor,  # (B,) real tokens per sequence (right-padded)
@@ -82,17 +88,22 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     """Logical AND of boolean masks that broadcast together (None entries are skipped;
     all None gives None)."""
     present = [m for m in masks if m is not None]
-    for i, m in enumerate(present):
-        check_bool_mask(m, f"mask {i}")
+    _check_combinable(present)  # boolean masks whose shapes broadcast together
     if not present:
         return None
-    if broadcast_shape(*(m.shape for m in present)) is None:
-        shapes = [tuple(m.shape) for m in present]
-        raise ValueError(f"masks of shapes {shapes} do not broadcast together")
     out = present[0]
     for m in present[1:]:
         out = out & m
     return out
+
+# %% ../nbs/08_masks.ipynb #48964cd3
+def _check_combinable(masks: list) -> None:
+    "Raise unless every mask is boolean and their shapes broadcast together."
+    for i, m in enumerate(masks):
+        check_bool_mask(m, f"mask {i}")
+    if masks and broadcast_shape(*(m.shape for m in masks)) is None:
+        shapes = [tuple(m.shape) for m in masks]
+        raise ValueError(f"masks of shapes {shapes} do not broadcast together")
 
 # %% ../nbs/08_masks.ipynb #bc6c1688
 def padding_mask_from_real(real: torch.Tensor,  # (B, S) bool, True = real token
@@ -102,13 +113,7 @@ def padding_mask_from_real(real: torch.Tensor,  # (B, S) bool, True = real token
                            ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
     "Key-padding mask `(B, 1, 1, S)` from a `(B, S)` mask of real tokens (a view)."
     if not door.checked:  # (appendix D: checked once, at the door)
-        check_bool_mask(real, name)
-        want = ("B" if B is None else check_int(B, "B", minimum=0),
-                "S" if S is None else check_int(S, "S", minimum=0))
-        if real.dim() != 2 or any(w not in ("B", "S") and n != w
-                                  for n, w in zip(real.shape, want)):
-            raise ValueError(f"{name} must be (B, S) = ({want[0]}, {want[1]}), True = "
-                             f"real token, got shape {shape_str(real)}")
+        _check_real(real, B, S, name)  # bool (B, S), of the sizes given
     return real[:, None, None, :]
 
 
@@ -138,6 +143,18 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
         real = attention_mask[:, None, None, :]  # (B, 1, 1, S or keys)
         mask = mask & (real if whole else _empty_after(real, keys))
     return mask
+
+
+# %% ../nbs/08_masks.ipynb #b625620a
+def _check_real(real, B, S, name) -> None:
+    "Raise unless `real` is a boolean `(B, S)` mask (of the given B and S, if any)."
+    check_bool_mask(real, name)
+    want = ("B" if B is None else check_int(B, "B", minimum=0),
+            "S" if S is None else check_int(S, "S", minimum=0))
+    if real.dim() != 2 or any(w not in ("B", "S") and n != w
+                              for n, w in zip(real.shape, want)):
+        raise ValueError(f"{name} must be (B, S) = ({want[0]}, {want[1]}), True = "
+                         f"real token, got shape {shape_str(real)}")
 
 
 def check_decoder_masks(B, T, past, attention_mask=None, full_attention_mask=None,

@@ -13,7 +13,7 @@ from .checks import (
 from .qkv import QKVProjection
 
 # %% auto #0
-__all__ = ['split_heads', 'merge_heads', 'default_positions', 'HeadProjection', 'check_heads', 'repeat_kv', 'MultiHeadAttention']
+__all__ = ['split_heads', 'merge_heads', 'HeadProjection', 'default_positions', 'check_heads', 'repeat_kv', 'MultiHeadAttention']
 
 # %% ../nbs/05_multihead.ipynb #d0e7ced5
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -52,58 +52,37 @@ def _check_merge(x) -> None:
     if x.dim() < 3:
         raise ValueError(f"x must be (..., H, T, D), got shape {shape_str(x)}")
 
-# %% ../nbs/05_multihead.ipynb #fd9462d7
-def default_positions(past: int, T: int, device=None) -> torch.Tensor:
-    "Positions `past, ..., past+T-1` (int64) of T new tokens after `past` earlier ones."
-    if not door.checked:
-        check_int(past, "past", minimum=0)
-        check_int(T, "T", minimum=0)  # T = 0: no new tokens, an empty tensor
-    return torch.arange(past, past + T, device=device)
-
 # %% ../nbs/05_multihead.ipynb #2d636ecd
 class HeadProjection(nn.Module):
     """`QKVProjection` cut into heads: Q `(B, H, T, D)`, K and V `(B, H_kv, S, D)`.
     `n_kv_heads` (H_kv, default H) K/V heads each serve H / H_kv query heads.
 
-    `rotary` rotates self-attention's queries and keys by their `positions` (coming in
-    chapter 7); `cache` keeps self-attention's keys and values across calls, and
-    `context` may be a cache already filled with the context's keys and values (coming
-    in chapter 10)."""
+    `rotary` rotates self-attention's queries and keys by their `positions`; `cache`
+    keeps self-attention's keys and values across calls, and `context` may be a cache
+    already filled with the context's keys and values (`_rotate_and_cache`, folded)."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
                  rotary: nn.Module | None = None, device=None, dtype=None,
                  n_kv_heads: int | None = None):
         super().__init__()
-        n_kv_heads = check_heads(d_model, n_heads, n_kv_heads)
+        n_kv_heads = _check_head_args(d_model, n_heads, n_kv_heads, rotary)  # H_kv
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        if rotary is not None and getattr(rotary, "head_dim", None) != self.head_dim:
-            raise ValueError(f"rotary embedding is for head_dim "
-                             f"{getattr(rotary, 'head_dim', None)}, but d_model "
-                             f"{d_model} / n_heads {n_heads} = {self.head_dim}")
-        self.rotary = rotary
-        self.n_kv_heads = n_kv_heads
-        kv_width = self.n_kv_heads * self.head_dim  # narrower K and V with fewer heads
+        self.rotary, self.n_kv_heads = rotary, n_kv_heads
+        kv_width = n_kv_heads * self.head_dim  # narrower K and V with fewer heads
         self.qkv = QKVProjection(d_model, d_model, kv_width, kv_width, bias=bias,
                                  device=device, dtype=dtype)
 
     def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
-        H, H_kv = self.n_heads, self.n_kv_heads
+        "Queries `(B, H, T, D)`, keys and values `(B, H_kv, S, D)`."
         if not door.checked:
             _check_project_args(x, context, positions, cache, self.rotary)
         if context is not None and not isinstance(context, torch.Tensor):  # a cache
-            return (split_heads(self.qkv.queries(x), H), *context.keys_values())
-        q, k, v = self.qkv(x, context)
-        q, k, v = split_heads(q, H), split_heads(k, H_kv), split_heads(v, H_kv)
-        if self.rotary is not None:
-            if positions is None:
-                past = 0 if cache is None else len(cache)
-                positions = default_positions(past, x.shape[-2], x.device)
-            angles = (positions if isinstance(positions, tuple)
-                      else self.rotary.angles(positions))
-            # rotate before caching: the cache keeps rotated keys
-            q, k = self.rotary.rotate(q, angles), self.rotary.rotate(k, angles)
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, H_kv, past + T or max_len, D)
+            return (split_heads(self.qkv.queries(x), self.n_heads),
+                    *context.keys_values())
+        q, k, v = self.qkv(x, context)  # (B, T, C); (B, S, H_kv·D) twice
+        q, (k, v) = split_heads(q, self.n_heads), self._kv_heads(k, v)  # (B, H, T, D)
+        if self.rotary is not None or cache is not None:  # rotate; extend the cache
+            q, k, v = _rotate_and_cache(self.rotary, q, k, v, positions, cache)
         return q, k, v
 
     def context_keys_values(self, context: torch.Tensor
@@ -112,7 +91,35 @@ class HeadProjection(nn.Module):
         return self._kv_heads(*self.qkv.keys_values(context))
 
     def _kv_heads(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        return split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
+        "`split_heads` of K and V `(B, S, H_kv·D)` at once: `(B, H_kv, S, D)` each."
+        *lead, S, _ = k.shape
+        heads = (*lead, S, self.n_kv_heads, self.head_dim)  # (B, S, H_kv, D)
+        return k.view(heads).transpose(-3, -2), v.view(heads).transpose(-3, -2)
+
+# %% ../nbs/05_multihead.ipynb #1fb8b252
+def default_positions(past: int, T: int, device=None) -> torch.Tensor:
+    "Positions `past, ..., past+T-1` (int64) of T new tokens after `past` earlier ones."
+    if not door.checked:
+        check_int(past, "past", minimum=0)
+        check_int(T, "T", minimum=0)  # T = 0: no new tokens, an empty tensor
+    return torch.arange(past, past + T, device=device)
+
+
+def _rotate_and_cache(rotary, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      positions=None, cache=None) -> tuple:
+    """Rotate `q` and `k` by their positions (with `rotary`; by default the T positions
+    after the cache's earlier ones), then extend `cache` with the keys and values."""
+    if rotary is not None:
+        if positions is None:
+            past = 0 if cache is None else len(cache)
+            positions = default_positions(past, q.shape[-2], q.device)
+        angles = (positions if isinstance(positions, tuple)
+                  else rotary.angles(positions))
+        # rotate before caching: the cache keeps rotated keys
+        q, k = rotary.rotate(q, angles), rotary.rotate(k, angles)
+    if cache is not None:
+        k, v = cache.update(k, v)  # (B, H_kv, past + T or max_len, D)
+    return q, k, v
 
 # %% ../nbs/05_multihead.ipynb #74704d67
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> int:
@@ -130,6 +137,27 @@ def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> in
     if check_positive_int(n_kv_heads, "n_kv_heads") > n_heads or n_heads % n_kv_heads:
         raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
     return int(n_kv_heads)
+
+
+def _check_head_args(d_model, n_heads, n_kv_heads, rotary) -> int:
+    "H_kv if the head counts fit `d_model` and `rotary` the head width; else raise."
+    n_kv_heads = check_heads(d_model, n_heads, n_kv_heads)
+    head_dim = d_model // n_heads
+    if rotary is not None and getattr(rotary, "head_dim", None) != head_dim:
+        raise ValueError(f"rotary embedding is for head_dim "
+                         f"{getattr(rotary, 'head_dim', None)}, but d_model "
+                         f"{d_model} / n_heads {n_heads} = {head_dim}")
+    return n_kv_heads
+
+
+def _check_torch_ref(ref) -> None:
+    "Raise unless `ref` is an `nn.MultiheadAttention` that `from_torch` can copy."
+    if not isinstance(ref, nn.MultiheadAttention) or not ref._qkv_same_embed_dim:
+        raise TypeError(f"ref must be an nn.MultiheadAttention whose keys and "
+                        f"values have its embed_dim, got {type(ref).__name__}")
+    if ref.bias_k is not None or ref.add_zero_attn:
+        raise ValueError("from_torch cannot copy add_bias_kv or add_zero_attn: "
+                         "this module has no extra key/value rows")
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -187,14 +215,14 @@ class MultiHeadAttention(HeadProjection):
     Shapes: B batch, T queries, S keys/values, H heads, D = C/H (`head_dim`). `mask` is
     boolean, True = may attend, broadcastable to `(B, H, T, S)`; a query with no allowed
     key outputs zeros before `W_O`. `rotary`, `positions`, `cache` and a cache as
-    `context` (coming in chapters 7 and 10): see `HeadProjection`."""
+    `context`: see `HeadProjection`."""
 
     def __init__(self,
                  d_model: int,  # C, the width of token vectors in and out
                  n_heads: int,  # H; must divide d_model
                  bias: bool = True,  # biases in the Q/K/V and output projections
                  dropout: float = 0.0,  # dropout on the attention weights in training
-                 rotary: nn.Module | None = None,  # rotary (coming in chapter 7)
+                 rotary: nn.Module | None = None,  # rotates q, k by position
                  device=None, dtype=None,
                  n_kv_heads: int | None = None,  # H_kv K/V heads; default H
                  ):
@@ -208,8 +236,8 @@ class MultiHeadAttention(HeadProjection):
                 context=None,  # (B, S, C) attended to (x if None), or a filled cache
                 mask: torch.Tensor | None = None,  # bool, True = attend; (B, H, T, S)
                 positions=None,  # rotary: (T,) or (B, T) ints, or their angles
-                cache=None,  # a KVCache (coming in chapter 10), extended in place
-                is_causal: bool = False,  # also: no query sees a later key (ch. 8)
+                cache=None,  # keys and values of earlier calls, extended in place
+                is_causal: bool = False,  # also: no query sees a later key
                 ) -> torch.Tensor:  # (B, T, C)
         q, k, v = self.project(x, context, positions, cache)  # K, V: H_kv heads
         p = self.dropout if self.training else 0.0
@@ -236,12 +264,7 @@ class MultiHeadAttention(HeadProjection):
     @classmethod
     def from_torch(cls, ref: nn.MultiheadAttention) -> "MultiHeadAttention":
         "A copy of `nn.MultiheadAttention`'s weights (ours is always batch-first)."
-        if not isinstance(ref, nn.MultiheadAttention) or not ref._qkv_same_embed_dim:
-            raise TypeError(f"ref must be an nn.MultiheadAttention whose keys and "
-                            f"values have its embed_dim, got {type(ref).__name__}")
-        if ref.bias_k is not None or ref.add_zero_attn:
-            raise ValueError("from_torch cannot copy add_bias_kv or add_zero_attn: "
-                             "this module has no extra key/value rows")
+        _check_torch_ref(ref)  # no extra key/value rows, keys of width C
         w = ref.in_proj_weight
         ours = cls(ref.embed_dim, ref.num_heads, bias=ref.in_proj_bias is not None,
                    dropout=ref.dropout, device=w.device, dtype=w.dtype)

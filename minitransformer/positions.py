@@ -11,7 +11,7 @@ from .checks import (
     is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
-__all__ = ['sinusoidal_positions', 'check_positions', 'SinusoidalPositions', 'LearnedPositions', 'RotaryEmbedding']
+__all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'check_positions', 'LearnedPositions', 'RotaryEmbedding']
 
 # %% ../nbs/07_positions.ipynb #f692f22c
 def sinusoidal_positions(n_positions: int, d_model: int,
@@ -46,6 +46,23 @@ def _check_base(base) -> None:
     check_number(base, "base", low=1, low_open=True)
 
 # %% ../nbs/07_positions.ipynb #3c79a7e5
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal position vectors: `positions (..., T)` → `(..., T, C)`, to be
+    added to token embeddings (T = 0 gives an empty result)."""
+
+    def __init__(self, d_model: int, max_len: int = 4096, base: float = 10000.0):
+        super().__init__()
+        check_positive_int(d_model, "d_model")
+        check_positive_int(max_len, "max_len")
+        _check_base(base)
+        self.d_model, self.max_len, self.base = d_model, max_len, base
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        if not door.checked:  # (appendix D: checked once, at the door)
+            check_positions(positions, self.max_len)
+        return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
+
+# %% ../nbs/07_positions.ipynb #d05b0046
 def check_positions(positions: torch.Tensor, max_len: int) -> torch.Tensor:
     """`positions` if it is an integer tensor with every value in `[0, max_len)` (the
     values are not read while `torch.compile` traces); else raise."""
@@ -63,22 +80,6 @@ def check_positions(positions: torch.Tensor, max_len: int) -> torch.Tensor:
                          "build the module with a larger max_len")
     return positions
 
-
-class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal position vectors: `positions (..., T)` → `(..., T, C)`, to be
-    added to token embeddings (T = 0 gives an empty result)."""
-
-    def __init__(self, d_model: int, max_len: int = 4096, base: float = 10000.0):
-        super().__init__()
-        check_positive_int(d_model, "d_model")
-        check_positive_int(max_len, "max_len")
-        _check_base(base)
-        self.d_model, self.max_len, self.base = d_model, max_len, base
-
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not door.checked:  # (appendix D: checked once, at the door)
-            check_positions(positions, self.max_len)
-        return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
 
 # %% ../nbs/07_positions.ipynb #e0779377
 class LearnedPositions(nn.Module):
@@ -113,12 +114,7 @@ class RotaryEmbedding(nn.Module):
                  base: float = 10000.0,  # θ_i = base^(-2i/D)
                  interleaved: bool = False):  # pairs (x0, x1)...; else (x_i, x_{i+D/2})
         super().__init__()
-        if check_positive_int(head_dim, "head_dim") % 2:
-            raise ValueError("rotary embeddings rotate pairs of numbers, so head_dim "
-                             f"must be even, got {head_dim}")
-        check_positive_int(max_len, "max_len")
-        _check_base(base)
-        check_flag(interleaved, "interleaved")
+        _check_rotary_args(head_dim, max_len, base, interleaved)  # D even, ...
         self.head_dim, self.max_len = head_dim, max_len
         self.base, self.interleaved = base, interleaved
 
@@ -126,10 +122,7 @@ class RotaryEmbedding(nn.Module):
         """The tables `rotate` multiplies by, `(T, D)` or `(B, T, D)`: cos m·θ_i under
         both numbers of pair i, and sin m·θ_i with the first one's sign flipped."""
         if not door.checked:  # (appendix D: checked once, at the door)
-            check_positions(positions, self.max_len)  # reads the values
-            if positions.dim() not in (1, 2):
-                raise ValueError(f"positions must be (T,) or (B, T), got shape "
-                                 f"{shape_str(positions)}")
+            _check_angle_positions(positions, self.max_len)  # (T,) or (B, T), in range
         dtype = _angle_dtype(positions.device)
         i2 = torch.arange(0, self.head_dim, 2, dtype=dtype, device=positions.device)
         theta = self.base ** (-i2 / self.head_dim)  # (D/2,): 2i = 0, 2, ..., D-2
@@ -200,6 +193,24 @@ def _rotate_by_matrices(x: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
 
 
 # %% ../nbs/07_positions.ipynb #d7e4e065
+def _check_rotary_args(head_dim, max_len, base, interleaved) -> None:
+    "Raise unless `head_dim` is even and the other arguments are valid."
+    if check_positive_int(head_dim, "head_dim") % 2:
+        raise ValueError("rotary embeddings rotate pairs of numbers, so head_dim "
+                         f"must be even, got {head_dim}")
+    check_positive_int(max_len, "max_len")
+    _check_base(base)
+    check_flag(interleaved, "interleaved")
+
+
+def _check_angle_positions(positions, max_len: int) -> None:
+    "Raise unless `positions` is `(T,)` or `(B, T)` integers in `[0, max_len)`."
+    check_positions(positions, max_len)  # reads the values
+    if positions.dim() not in (1, 2):
+        raise ValueError(f"positions must be (T,) or (B, T), got shape "
+                         f"{shape_str(positions)}")
+
+
 def _check_rotate(x, angles, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     "`angles` as (cos, sin) if `x` and they fit a rotary embedding of `head_dim`."
     check_tensor(x, "x", min_dim=2, floating=True)

@@ -28,9 +28,7 @@ class QKVProjection(nn.Module):
         super().__init__()
         d_k = d_q if d_k is None else d_k
         d_v = d_k if d_v is None else d_v
-        for name, n in (("d_model", d_model), ("d_q", d_q), ("d_k", d_k), ("d_v", d_v)):
-            check_positive_int(n, name)
-        check_float_dtype(dtype)
+        _check_projection_sizes(d_model, d_q, d_k, d_v, dtype)
         self.d_model, self.d_q, self.d_k, self.d_v = d_model, d_q, d_k, d_v
         device = torch.empty(0).device if device is None else device  # for skip_init
         kw = dict(bias=bias, device=device, dtype=dtype)  # reset_parameters draws them
@@ -61,9 +59,7 @@ class QKVProjection(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`; empty if T or S is 0."
         if not door.checked:  # (appendix D: checked once, at the door)
-            _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
-            if context is not None:
-                _check_context(x, context, self.d_model, self.k_proj.weight.dtype)
+            _check_qkv_inputs(self, x, context)
         if context is None:  # self-attention
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return self.q_proj(x), self.k_proj(context), self.v_proj(context)
@@ -82,6 +78,20 @@ class QKVProjection(nn.Module):
         return self.k_proj(context), self.v_proj(context)
 
 # %% ../nbs/03_qkv.ipynb #62d4ea96
+def _check_projection_sizes(d_model, d_q, d_k, d_v, dtype) -> None:
+    "Raise unless the four widths are positive ints and `dtype` floating (or None)."
+    for name, n in (("d_model", d_model), ("d_q", d_q), ("d_k", d_k), ("d_v", d_v)):
+        check_positive_int(n, name)
+    check_float_dtype(dtype)
+
+
+def _check_qkv_inputs(proj, x, context) -> None:
+    "Raise unless `x` (and `context`, if given) fit the projection `proj`."
+    _check_projection_input(x, "x", proj.d_model, proj.q_proj.weight.dtype)
+    if context is not None:
+        _check_context(x, context, proj.d_model, proj.k_proj.weight.dtype)
+
+
 def _check_projection_input(t: torch.Tensor, name: str, d_model: int,
                             dtype: torch.dtype) -> torch.Tensor:
     "`t` if it is a floating `(..., d_model)` tensor of dtype `dtype`; else raise."

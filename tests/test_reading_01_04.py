@@ -1,0 +1,212 @@
+"""Checks moved out of the reader's path in chapters 1-4: the two attention paths agree on
+random shapes and masks, follow one rule for non-finite inputs, and name a caller's
+mistakes."""
+import pytest
+import torch
+
+from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
+
+
+def test_both_attention_paths_agree_on_random_shapes_and_masks():
+    g = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        B, H = torch.randint(1, 4, (2,), generator=g).tolist()
+        T, S, D, Dv = torch.randint(1, 12, (4,), generator=g).tolist()
+        q = torch.randn(B, H, T, D, generator=g)
+        k, v = torch.randn(B, H, S, D, generator=g), torch.randn(B, H, S, Dv, generator=g)
+        mask_shape = [(B, H, T, S), (B, 1, 1, S), (T, S), (B, 1, T, S)][trial % 4]
+        mask = None if trial % 5 == 0 else torch.rand(mask_shape, generator=g) < 0.7
+        scale = None if trial % 3 else 0.3
+        slow, _ = attention_with_weights(q, k, v, mask, scale=scale)
+        fast = scaled_dot_product_attention(q, k, v, mask, scale=scale)
+        assert not fast.isnan().any() and not slow.isnan().any(), f"trial {trial}: NaN"
+        torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0,
+                                   msg=lambda m: f"trial {trial}: {m}")
+
+
+def test_non_finite_inputs_follow_one_rule_on_both_paths():
+    "NaN in the same places on both paths, the same values elsewhere, zeros where blind."
+    g = torch.Generator().manual_seed(2)
+    for trial in range(400):
+        T, S = torch.randint(1, 5, (2,), generator=g).tolist()
+        qkv = [torch.randn(2, n, d, generator=g) for n, d in ((T, 3), (S, 3), (S, 2))]
+        for t in qkv:  # about one entry in ten becomes NaN, +inf or -inf
+            where = torch.rand(t.shape, generator=g) < 0.1
+            pick = torch.randint(0, 3, t.shape, generator=g)
+            odd = torch.tensor([float("nan"), float("inf"), -float("inf")])[pick]
+            t[where] = odd[where]
+        m = torch.rand(2, T, S, generator=g) < 0.7 if trial % 2 else None
+        slow = attention_with_weights(*qkv, m)[0]
+        fast = scaled_dot_product_attention(*qkv, m)
+        assert torch.equal(slow.isnan(), fast.isnan()), f"trial {trial}: NaN differs"
+        torch.testing.assert_close(slow.nan_to_num(0.0), fast.nan_to_num(0.0),
+                                   atol=1e-5, rtol=0)
+        if m is not None:
+            blind = ~m.any(-1)  # queries that may see no key: zeros
+            assert (fast[blind] == 0).all(), f"trial {trial}: a blind query is not 0"
+
+
+def test_a_masked_infinite_score_becomes_nan():
+    "Masking adds -inf: a masked +inf score gives +inf - inf = NaN, as the text says."
+    q, v = torch.ones(1, 1), torch.ones(2, 1)
+    k = torch.tensor([[float("inf")], [1.0]])
+    mask = torch.tensor([[False, True]])
+    out, _ = attention_with_weights(q, k, v, mask)
+    assert out.isnan().all()
+
+
+@pytest.fixture
+def qkv():
+    return torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+
+
+def test_attention_names_a_callers_mistakes(qkv):
+    q, k, v = qkv
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    with pytest.raises(TypeError, match=r"mask must be boolean \(True = may attend\)"):
+        scaled_dot_product_attention(q, k, v, mask.float())
+    bad_mask = torch.ones(3, 4, dtype=torch.bool)  # (T, S) would be (3, 5)
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) does not broadcast to "
+                                         r"the attention weights' shape \(2, 3, 5\)"):
+        scaled_dot_product_attention(q, k, v, bad_mask)
+    with pytest.raises(ValueError, match=r"keys \(2, 4, 4\) and values \(2, 5, 6\)"):
+        attention_with_weights(q, k[:, :4], v)
+    with pytest.raises(ValueError, match=r"dropout_p must be a number in \[0, 1\)"):
+        attention_with_weights(q, k, v, dropout_p=1.0)
+
+
+# Chapter 1: softmax, check_attention_weights and mix refuse what they cannot mix.
+from minitransformer.embeddings import (  # noqa: E402
+    SPECIAL_TOKENS, TokenEmbedding, Tokenizer, check_id_list, check_token_ids, pad_ids)
+from minitransformer.mixing import check_attention_weights, mix, softmax  # noqa: E402
+from minitransformer.qkv import QKVProjection, check_qkv  # noqa: E402
+
+
+def test_softmax_matches_torch_on_every_dim_and_in_bfloat16():
+    scores = torch.randn(4, 5, 7, generator=torch.Generator().manual_seed(0)) * 10
+    for dim in (0, 1, -1):
+        torch.testing.assert_close(softmax(scores, dim), torch.softmax(scores, dim),
+                                   atol=1e-6, rtol=0)
+    torch.testing.assert_close(softmax(scores.bfloat16()).float(),
+                               torch.softmax(scores, -1), atol=1e-2, rtol=0)
+    assert softmax(torch.tensor(0.3)) == 1.0  # 0-d, as in torch
+    assert softmax(torch.zeros(3, 0)).shape == (3, 0)
+    assert softmax(torch.zeros(0), dim=0).shape == (0,)
+
+
+def test_softmax_refuses_bad_arguments():
+    with pytest.raises(TypeError, match="floating-point tensor, got dtype torch.int64"):
+        softmax(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"dim 2 is out of range for scores of shape \(2, 3\)"):
+        softmax(torch.zeros(2, 3), dim=2)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        softmax(torch.zeros(2), dim=None)
+
+
+def test_check_attention_weights_names_the_broken_rule():
+    good = softmax(torch.randn(2, 3, 4))
+    assert check_attention_weights(good) is good
+    with pytest.raises(ValueError, match=r"row \[1\] sums to 0.9"):
+        check_attention_weights(torch.tensor([[0.5, 0.5], [0.7, 0.2]]))
+    with pytest.raises(ValueError, match=r"weights\[1\] = -0.2"):
+        check_attention_weights(torch.tensor([1.2, -0.2]))
+    with pytest.raises(ValueError, match="NaN"):
+        check_attention_weights(torch.tensor([0.5, float("nan")]))
+    for atol in (-1.0, float("nan")):
+        with pytest.raises((TypeError, ValueError), match="atol"):
+            check_attention_weights(good, atol=atol)
+
+
+def test_mix_refuses_weights_and_values_that_do_not_fit():
+    A, V = softmax(torch.randn(5, 6)), torch.randn(6, 3)
+    with pytest.raises(TypeError, match="weights and values must share a dtype"):
+        mix(A.double(), V)
+    with pytest.raises(ValueError, match=r"weights \(3, 5, 6\) and values \(4, 6, 2\) "
+                                         "do not broadcast"):
+        mix(softmax(torch.randn(3, 5, 6)), torch.randn(4, 6, 2))
+    assert mix(softmax(torch.randn(3, 5, 6)), torch.randn(1, 6, 2)).shape == (3, 5, 2)
+
+
+# Chapter 2: the tokenizer, pad_ids and TokenEmbedding name a caller's mistakes.
+CORPUS = ["The animal rested because it was tired.",
+          "The chef chopped the vegetables before serving them.", "I like tea."]
+
+
+def test_tokenizer_and_pad_ids_refuse_bad_arguments():
+    tok = Tokenizer.from_texts(CORPUS)
+    cases = [
+        (lambda: tok.decode([3, 99]), ValueError,
+         "token id 99 is outside the vocabulary of 22 tokens"),
+        (lambda: Tokenizer([], level="bpe"), ValueError, "level must be 'word' or 'char'"),
+        (lambda: tok.decode([True]), TypeError, "ids must be ints, got True"),
+        (lambda: tok.decode(None), TypeError, "ids must be an iterable of ints"),
+        (lambda: Tokenizer(None), TypeError, "tokens must be an iterable of strings"),
+        (lambda: Tokenizer([1, 2]), TypeError, r"tokens\[0\] is 1 \(int\)"),
+        (lambda: Tokenizer.from_texts(None), TypeError, "texts must be an iterable"),
+        (lambda: Tokenizer.from_texts("one text"), TypeError, "not one string"),
+        (lambda: Tokenizer.from_texts(CORPUS, min_freq=0), ValueError,
+         "min_freq must be a positive int, got 0"),
+        (lambda: tok.encode_batch([]), ValueError, "texts must be a non-empty"),
+        (lambda: tok.encode_batch("one text"), TypeError, "sequence of strings, not one"),
+        (lambda: tok.encode_batch(["a", 5]), TypeError, r"texts\[1\] is 5"),
+        (lambda: tok.split(5), TypeError, "text must be a str, got int"),
+        (lambda: pad_ids([], 0), ValueError, "rows must hold at least one row"),
+        (lambda: pad_ids("abc", 0), TypeError, "rows must be a sequence of lists"),
+        (lambda: pad_ids([[1, 2.0]], 0), TypeError, r"rows\[0\] must be ints, got 2.0"),
+        (lambda: pad_ids([[1]], -1), ValueError, "pad_id must be an int >= 0, got -1"),
+        (lambda: check_id_list([[1]], 5, "prompt"), TypeError, "prompt must be ints"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    assert tok.decode(torch.tensor(5)) == tok.itos[5]  # a 0-D tensor: one id
+    assert len(Tokenizer.from_texts([])) == len(SPECIAL_TOKENS)
+    assert check_id_list(torch.tensor([1, 2]), 5) == [1, 2]
+    assert pad_ids([[], [5]], 0)[1].tolist() == [[False], [True]]  # an empty row
+
+
+def test_token_embedding_refuses_bad_ids_and_arguments():
+    emb = TokenEmbedding(22, 4)
+    cases = [
+        (lambda: emb(torch.tensor([4, 22, 3])), ValueError, r"token ids\[1\] = 22"),
+        (lambda: emb(torch.tensor([[0, -1]])), ValueError, r"must lie in \[0, 22\)"),
+        (lambda: emb(torch.tensor([0.0, 1.0])), TypeError, "integer tensor"),
+        (lambda: check_token_ids(torch.tensor(4), 0, "ids"), ValueError,
+         "vocab_size must be a positive int, got 0"),
+        (lambda: check_token_ids(torch.tensor(1), 2.5, "ids"), ValueError, "vocab_size"),
+        (lambda: TokenEmbedding(5, 2, init_std=-1.0), ValueError, "init_std must be"),
+        (lambda: TokenEmbedding(5, 2, init_std=float("inf")), ValueError, "init_std"),
+        (lambda: TokenEmbedding(5, 2, padding_idx=1.5), TypeError, "padding_idx must be"),
+        (lambda: TokenEmbedding(5, 2, padding_idx=True), TypeError, "padding_idx"),
+        (lambda: TokenEmbedding(5, 2, padding_idx=5), ValueError, "outside the vocab"),
+    ]
+    for call, _, message in cases:  # (a number of the wrong kind: either error)
+        with pytest.raises((TypeError, ValueError), match=message):
+            call()
+
+
+# Chapter 3: QKVProjection and check_qkv name what does not fit.
+def test_projection_and_check_qkv_refuse_what_does_not_fit():
+    proj = QKVProjection(d_model=12, d_q=7, d_v=5)
+    Q, K, V = proj(torch.randn(3, 12), context=torch.randn(4, 12))
+    cases = [
+        (lambda: check_qkv(Q, K, V[:3]), ValueError,
+         r"keys \(4, 7\) and values \(3, 5\) must have the same length S"),
+        (lambda: check_qkv(Q, K[:, :6], V), ValueError,
+         r"queries \(3, 7\) and keys \(4, 6\) must have the same width D"),
+        (lambda: proj(torch.randn(3, 10)), ValueError,
+         r"x has width 10 \(shape \(3, 10\)\) but this projection expects d_model=12"),
+        (lambda: proj(torch.randn(2, 3, 12), context=torch.randn(3, 4, 12)), ValueError,
+         r"x \(2, 3, 12\) and context \(3, 4, 12\) have batch dimensions that do not"),
+        (lambda: QKVProjection(12, 7, dtype=torch.int64), TypeError,
+         "dtype must be a floating-point torch.dtype"),
+        (lambda: QKVProjection(12, 0), ValueError, "d_q must be a positive int"),
+        (lambda: proj(torch.zeros(3, 12, dtype=torch.float64)), TypeError,
+         "x has dtype torch.float64, but the projection's weights are torch.float32"),
+        (lambda: proj(torch.zeros(3, 12), context=[[0.5] * 12]), TypeError,
+         "context must be a torch.Tensor"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises((TypeError, ValueError), match=message) as info:
+            call()
+        assert info.type is error, (message, info.type)

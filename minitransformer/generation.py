@@ -14,7 +14,11 @@ from .model import GPT, Transformer
 # %% auto #0
 __all__ = ['sample_next', 'generate']
 
-# %% ../nbs/12_generation.ipynb #555c941e
+# %% ../nbs/12_generation.ipynb #4bd094e0
+_NOT_FINITE = ("logits must have a finite largest score in every row, got NaN, +inf "
+               "or a row of -inf")
+
+
 def _check_sampling(temperature, top_k, top_p, generator) -> float:
     "Check the sampling options; return the temperature as a float."
     if top_k is not None:
@@ -27,6 +31,20 @@ def _check_sampling(temperature, top_k, top_p, generator) -> float:
     return check_number(temperature, "temperature", low=0)
 
 
+def _check_sample_next(logits, temperature, top_k, top_p, generator) -> float:
+    "Check `sample_next`'s arguments; return the temperature as a float."
+    temperature = _check_sampling(temperature, top_k, top_p, generator)
+    check_tensor(logits, "logits", floating=True)
+    if logits.dim() != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must be (B, V), V >= 1, got {shape_str(logits)}")
+    return temperature
+
+
+def _raise_not_finite() -> None:
+    "A row drew -1: its logits had no finite largest score."
+    raise ValueError(_NOT_FINITE)
+
+# %% ../nbs/12_generation.ipynb #555c941e
 def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
                 temperature: float = 1.0,  # 0: greedy; < 1 sharper; > 1 flatter
                 top_k: int | None = None,  # keep only the k most likely tokens
@@ -36,18 +54,11 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
     """Each row's next token: the argmax if `temperature == 0`, else a filtered draw.
     Every row needs a finite largest score (NaN, +inf or all -inf raise)."""
     if not door.checked:  # (appendix D: checked once, at the door)
-        temperature = _check_sampling(temperature, top_k, top_p, generator)
-        check_tensor(logits, "logits", floating=True)
-        if logits.dim() != 2 or logits.shape[-1] == 0:
-            raise ValueError(f"logits must be (B, V), V >= 1, got {shape_str(logits)}")
+        temperature = _check_sample_next(logits, temperature, top_k, top_p, generator)
     nxt = _sample(logits, temperature, top_k, top_p, generator)
     if not door.checked and bool((nxt < 0).any()):  # one small transfer
-        raise ValueError(_NOT_FINITE)
+        _raise_not_finite()  # a row without a finite largest score drew -1
     return nxt  # (inside the package, the caller reads -1 with the tokens: generate)
-
-
-_NOT_FINITE = ("logits must have a finite largest score in every row, got NaN, +inf "
-               "or a row of -inf")
 
 
 def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor:
@@ -76,7 +87,7 @@ def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor
     nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return torch.where(finite[:, 0], nxt, -1)
 
-# %% ../nbs/12_generation.ipynb #3a1ec161
+# %% ../nbs/12_generation.ipynb #09ca70f9
 def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
     "`prompts` as B non-empty lists of ids in [0, vocab_size); else raise naming it."
     if isinstance(prompts, torch.Tensor) and prompts.dim() != 2:
@@ -92,6 +103,52 @@ def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
     return rows
 
 
+def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, top_p,
+                    stop_token, generator, use_cache, compile) -> tuple:
+    """Check `generate`'s arguments; return the prompts and sources as rows of ids,
+    `max_new_tokens` as an int and the torch.compile backend (None: run eagerly)."""
+    if not isinstance(model, (GPT, Transformer)):
+        raise TypeError(f"model must be a GPT or a Transformer, got "
+                        f"{type(model).__name__}")
+    _check_sampling(temperature, top_k, top_p, generator)
+    check_flag(use_cache, "use_cache")
+    backend = _check_compile(compile, use_cache)  # None: run eagerly
+    if stop_token is not None:
+        check_int(stop_token, "stop_token")
+    encdec = isinstance(model, Transformer)
+    if encdec != (source is not None):
+        raise ValueError("an encoder–decoder model needs `source`; a decoder-only "
+                         "model takes none")
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", minimum=0)
+    c = model.config
+    rows = _as_rows(prompts, "prompts", c.tgt_vocab_size if encdec else c.vocab_size)
+    P = max(map(len, rows))
+    total = P + max_new_tokens  # the last new token is never fed back
+    if max(P, total - 1) > c.max_len:
+        raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} - 1 = "
+                         f"{total - 1} tokens exceed the model's max_len {c.max_len}")
+    src_rows = None
+    if encdec:
+        src_rows = _as_rows(source, "source", c.src_vocab_size)
+        if len(src_rows) != len(rows):
+            raise ValueError(f"{len(rows)} prompts but {len(src_rows)} sources")
+    return rows, src_rows, max_new_tokens, backend
+
+
+def _check_compile(compile, use_cache: bool) -> str | None:
+    "The torch.compile backend `compile` asks for (True: inductor), or None."
+    if compile is False:
+        return None
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if compile is not True and compile not in backends:
+        raise ValueError(f"compile must be True, False or a torch.compile backend "
+                         f"({', '.join(sorted(backends))}), got {compile!r}")
+    if not use_cache:
+        raise ValueError("compile=... compiles the cached one-token step; it needs "
+                         "use_cache=True")
+    return "inductor" if compile is True else compile
+
+# %% ../nbs/12_generation.ipynb #3a1ec161
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
     """Ids `(B, total)`, each prompt ending at column P (the longest prompt's length)
     and `pad` after it; the real-token mask; positions from each row's first token."""
@@ -123,32 +180,16 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     `compile` runs each one-token step through `torch.compile` over a static cache
     (whole buffers and a length mask): every step has the same shapes, so the
     compiled code is reused."""
-    if not isinstance(model, (GPT, Transformer)):
-        raise TypeError(f"model must be a GPT or a Transformer, got "
-                        f"{type(model).__name__}")
-    _check_sampling(temperature, top_k, top_p, generator)
-    check_flag(use_cache, "use_cache")
-    backend = _check_compile(compile, use_cache)  # None: run eagerly
-    if stop_token is not None:
-        check_int(stop_token, "stop_token")
-    encdec = isinstance(model, Transformer)
-    if encdec != (source is not None):
-        raise ValueError("an encoder–decoder model needs `source`; a decoder-only "
-                         "model takes none")
-    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", minimum=0)
-    c = model.config
-    rows = _as_rows(prompts, "prompts", c.tgt_vocab_size if encdec else c.vocab_size)
+    rows, src_rows, max_new_tokens, backend = _check_generate(
+        model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
+        generator, use_cache, compile)
+    encdec, pad = isinstance(model, Transformer), model.config.pad_id
     B, P, device = len(rows), max(map(len, rows)), next(model.parameters()).device
     total = P + max_new_tokens  # the last new token is never fed back
-    if max(P, total - 1) > c.max_len:
-        raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} - 1 = "
-                         f"{total - 1} tokens exceed the model's max_len {c.max_len}")
-    ids, real, positions = _left_padded(rows, total, model.config.pad_id, device)
-    if encdec:
-        src_rows = _as_rows(source, "source", c.src_vocab_size)
-        if len(src_rows) != B:
-            raise ValueError(f"{B} prompts but {len(src_rows)} sources")
-        src = inside(pad_ids, src_rows, model.config.pad_id)[0].to(device)  # right
+    ids, real, positions = _left_padded(rows, total, pad, device)
+    memory = source_mask = None
+    if encdec:  # the sources, padded on the right, through the encoder once
+        src = inside(pad_ids, src_rows, pad)[0].to(device)
         memory, source_mask = model.encode(src)
     cache, static = None, backend is not None
     if use_cache and encdec:
@@ -160,8 +201,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     # a new token sees itself; in cross-attention, a source of padding alone sees none
     sees = not encdec or bool(source_mask.any(-1).all())  # (once per call)
     return inside(_generate, model, ids, real, positions, P, total, cache, backend,
-                  memory if encdec else None, source_mask if encdec else None, padded,
-                  sampling, stop_token, sees)
+                  memory, source_mask, padded, sampling, stop_token, sees)
 
 
 def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
@@ -195,7 +235,7 @@ def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
         nxt = _sample(logits[:, -1], *sampling)  # (B,), -1 where the logits are bad
         tokens = nxt.tolist()  # the one transfer of the step
         if min(tokens) < 0:
-            raise ValueError(_NOT_FINITE)
+            _raise_not_finite()
         for b, token in enumerate(tokens):
             if not done[b]:
                 done[b] = token == stop_token
@@ -205,16 +245,3 @@ def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
         if all(done):
             break
     return out
-
-def _check_compile(compile, use_cache: bool) -> str | None:
-    "The torch.compile backend `compile` asks for (True: inductor), or None."
-    if compile is False:
-        return None
-    backends = torch._dynamo.list_backends(exclude_tags=())
-    if compile is not True and compile not in backends:
-        raise ValueError(f"compile must be True, False or a torch.compile backend "
-                         f"({', '.join(sorted(backends))}), got {compile!r}")
-    if not use_cache:
-        raise ValueError("compile=... compiles the cached one-token step; it needs "
-                         "use_cache=True")
-    return "inductor" if compile is True else compile

@@ -23,7 +23,7 @@ from .positions import (
     LearnedPositions, RotaryEmbedding, SinusoidalPositions, check_positions)
 
 # %% auto #0
-__all__ = ['POSITION_ENCODINGS', 'TextConfig', 'count_parameters', 'GPTConfig', 'GPT', 'TransformerConfig', 'Transformer',
+__all__ = ['POSITION_ENCODINGS', 'TextConfig', 'GPTConfig', 'GPT', 'count_parameters', 'TransformerConfig', 'Transformer',
            'TextEncoderConfig', 'TextEncoder', 'mean_pool', 'EncoderClassifierConfig', 'EncoderClassifier', 'ViTConfig',
            'VisionTransformer']
 
@@ -37,8 +37,9 @@ class TextConfig(LayerConfig):
     max_len: int = 256  # longest sequence (prompt + generated) the model handles
     position_encoding: str = "learned"  # learned | sinusoidal | rotary
     rope_base: float = 10000.0  # θ base for rotary positions
-    rope_interleaved: bool = False  # rotary pairs (x0, x1), ... (GPT-J, llama.cpp's
-    # GGUF layout) instead of the two halves (x_i, x_i+D/2: Llama, GPT-NeoX)
+    rope_interleaved: bool = False  # rotate adjacent pairs (x0, x1), ... (Meta's
+    # Llama code, GPT-J, GGUF files) instead of the two halves (x_i, x_i+D/2:
+    # GPT-NeoX, Hugging Face's Llama)
     pad_id: int = 0  # the padding token's id
 
     def __post_init__(self):
@@ -51,15 +52,9 @@ class TextConfig(LayerConfig):
 
     _encodings = POSITION_ENCODINGS  # the position encodings the model supports
 
-    def _check_pad_id(self, *vocab_sizes: int) -> None:
-        if self.pad_id >= min(vocab_sizes):
-            raise ValueError(f"pad_id must be a token id below the vocabulary size "
-                             f"{min(vocab_sizes)}, got {self.pad_id}")
-
-
+# %% ../nbs/11_model.ipynb #7f5bef0e
 class _Embed(nn.Module):
-    """Token embeddings + absolute positions (learned, sinusoidal, none) + token types
-    (if `type_vocab_size`), a norm (if given), dropout."""
+    "Token embeddings + positions (learned, sinusoidal, none) + types, a norm, dropout."
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, encoding: str,
                  dropout: float, padding_idx: int | None = None,
@@ -94,7 +89,36 @@ class _Embed(nn.Module):
             x = self.norm(x)
         return self.drop(x) if self.training and self.drop.p else x
 
-# %% ../nbs/11_model.ipynb #7f5bef0e
+
+def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
+                         full_attention_mask=None, device=None) -> tuple:
+    """A decoder's self-attention `(mask, is_causal)`: no mask for causality alone over
+    T > 1 tokens; a static cache is read whole, so its empty slots are masked."""
+    keys = None
+    if cache is not None and cache.static:  # (the room for T more: at the door)
+        keys = cache.self_attn[0].k.shape[2]
+    if (T > 1 and attention_mask is None and full_attention_mask is None
+            and keys is None):
+        return None, True
+    return decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
+                        keys=keys), False
+
+
+def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
+    "S, the number of source positions: from memory, a filled cross cache, or the mask."
+    if memory is not None:
+        return memory.shape[1]
+    if cache is not None and cache.cross_attn and len(cache.cross_attn[0]):
+        return len(cache.cross_attn[0])
+    return source_mask.shape[-1]
+
+
+def _check_pad_id(pad_id: int, *vocab_sizes: int) -> None:
+    if pad_id >= min(vocab_sizes):
+        raise ValueError(f"pad_id must be a token id below the vocabulary size "
+                         f"{min(vocab_sizes)}, got {pad_id}")
+
+
 def _ids(ids: torch.Tensor, name: str) -> tuple[int, int]:
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
     if not door.checked:  # (appendix D: checked once, at the door)
@@ -132,32 +156,10 @@ def _check_config(config, cls: type) -> None:
         raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}")
 
 
-def count_parameters(model: nn.Module) -> int:
-    """How many trainable numbers `model` holds: the elements of its trainable
-    parameters, each tensor counted once (a tied matrix is one tensor)."""
-    check_module(model)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
-                         full_attention_mask=None, device=None) -> tuple:
-    """A decoder's self-attention `(mask, is_causal)`. Causality alone over two or
-    more new tokens builds no mask: attention applies the rule itself. A static cache
-    is read whole, so its empty slots are masked (`decoder_mask(..., keys=max_len)`)."""
-    keys = None
-    if cache is not None and cache.static:  # (the room for T more: at the door)
-        keys = cache.self_attn[0].k.shape[2]
-    if (T > 1 and attention_mask is None and full_attention_mask is None
-            and keys is None):
-        return None, True
-    return decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
-                        keys=keys), False
-
-
 def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions,
-                    cache, memory, attention_mask, full_attention_mask) -> int:
-    """Raise unless a decoder call's ids, positions, cache and masks fit `model` (a
-    `GPT` or a `Transformer`) and each other; return B."""
+                    cache, memory, attention_mask, full_attention_mask,
+                    last_only=False) -> int:
+    "Raise unless a `GPT`'s or `Transformer`'s decoder arguments fit; return B."
     c = model.config
     B, T = _ids(ids, name)
     model.decoder.check_cache(cache, B, T, memory)
@@ -169,12 +171,109 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
     if full_attention_mask is not None:  # its heads, too: (B, H, T, past + T)
         check_mask(full_attention_mask, (B, c.n_heads, T, past + T))
+    check_flag(last_only, "last_only")
     return B
+
+
+def _check_text_ids(ids, mask, vocab_size: int, max_len: int, name: str = "ids",
+                    mask_name: str = "attention_mask") -> None:
+    "Raise unless ids `(B, T)` fit the vocabulary and `max_len`, and `mask` (B, T)."
+    B, T = _ids(ids, name)
+    _check_length(T, max_len)
+    check_token_ids(ids, vocab_size, name)
+    if mask is not None:
+        padding_mask_from_real(mask, B, T, mask_name)
+
+
+def _check_decode(model, tgt, memory, source_mask, attention_mask, positions,
+                  cache) -> None:
+    "Raise unless `Transformer.decode`'s arguments are well formed and fit each other."
+    B = _check_decoding(model, tgt, "tgt", model.config.tgt_vocab_size, positions,
+                        cache, memory, attention_mask, None)
+    if memory is not None:
+        check_encoder_output(memory, model.config.d_model, B)
+        model.decoder.layers[0]._check_x(memory, "memory")  # its dtype
+    elif cache is None:
+        raise ValueError("decode needs the encoder output `memory`, or a cache "
+                         "filled from it (make_cache(memory))")
+    if source_mask is not None:
+        padding_mask_from_real(source_mask, B,
+                               _source_len(memory, cache, source_mask),
+                               "source_mask")
+
+
+def _check_same_batch(src, tgt) -> None:
+    if check_tensor(tgt, "tgt").shape[0] != src.shape[0]:
+        raise ValueError(f"src {shape_str(src)} and tgt {shape_str(tgt)} must have "
+                         "the same batch size B")
+
+
+def _check_text_encoder(model, ids, attention_mask, token_type_ids, prefix) -> None:
+    "Raise unless `TextEncoder.forward`'s arguments fit the model and each other."
+    B, T = _ids(ids, "ids")
+    P = 0 if prefix is None else _check_prefix(model, prefix, B)
+    _check_length(T, model.config.max_len, P, "prefix vectors")
+    check_token_ids(ids, model.config.vocab_size, "ids")
+    if attention_mask is not None:
+        padding_mask_from_real(attention_mask, B, T, "attention_mask")
+    _token_types(token_type_ids, ids, model.config.type_vocab_size)
+
+
+def _check_prefix(model, prefix, B: int) -> int:
+    "P if `prefix` is `(1, P, C)` or `(B, P, C)` in the weights' dtype; else raise."
+    check_tensor(prefix, "prefix", floating=True)
+    C = model.config.d_model
+    if prefix.dim() != 3 or prefix.shape[0] not in (1, B) or prefix.shape[2] != C:
+        raise ValueError(f"prefix must be (1, P, C) or (B, P, C) with B={B}, "
+                         f"C={C}, got shape {shape_str(prefix)}")
+    check_dtype(prefix, "prefix", model.embed.tok.weight.dtype,
+                "the model's weights")
+    return prefix.shape[1]
+
+
+def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
+    "The checked token types `(B, T)`, zeros if None (and None without types)."
+    if token_type_ids is None:
+        return torch.zeros_like(ids) if n_types else None
+    if door.checked:  # (appendix D: checked once, at the door)
+        return token_type_ids
+    if not n_types:
+        raise ValueError("token_type_ids were given, but the config has "
+                         "type_vocab_size=0")
+    if isinstance(token_type_ids, torch.Tensor) and token_type_ids.shape != ids.shape:
+        raise ValueError(f"token_type_ids must be (B, T) like ids "
+                         f"{shape_str(ids)}, got {shape_str(token_type_ids)}")
+    return check_token_ids(token_type_ids, n_types, "token_type_ids")
+
+
+def _check_pool(hidden, mask) -> None:
+    check_tensor(hidden, "hidden", floating=True)
+    check_bool_mask(mask, "mask")
+    if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(f"hidden must be (B, T, C) and mask (B, T), got shapes "
+                         f"{shape_str(hidden)} and {shape_str(mask)}")
+
+
+def _check_patches(image_size: int, patch_size: int) -> None:
+    if image_size % patch_size:
+        raise ValueError(f"image_size ({image_size}) must be divisible by "
+                         f"patch_size ({patch_size})")
+
+
+def _check_images(model, images) -> None:
+    c = model.config
+    check_tensor(images, "images", floating=True)
+    size = (c.channels, c.image_size, c.image_size)
+    if images.dim() != 4 or tuple(images.shape[1:]) != size or len(images) == 0:
+        raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, "
+                         f"{c.image_size}), B >= 1, got {shape_str(images)}")
+    check_dtype(images, "images", model.cls.dtype, "the model's weights")
 
 # %% ../nbs/11_model.ipynb #b42100d1
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig(TextConfig):
-    "A decoder-only language model: the layer fields (`LayerConfig`), GPT-2's defaults."
+    """A decoder-only language model: the layer fields (`LayerConfig`), GPT-2's layout
+    (learned positions, pre-norm, tied head) with exact GELU (GPT-2: `"gelu_tanh"`)."""
     vocab_size: int  # |V|
     n_layers: int = 4  # number of blocks
     activation: str = "gelu"
@@ -186,7 +285,7 @@ class GPTConfig(TextConfig):
         self._check("vocab_size", check_positive_int)
         self._check("n_layers", check_positive_int)
         self._check("tie_weights", check_flag)
-        self._check_pad_id(self.vocab_size)
+        _check_pad_id(self.pad_id, self.vocab_size)
 
 
 class GPT(nn.Module):
@@ -219,7 +318,8 @@ class GPT(nn.Module):
                 ) -> torch.Tensor:  # (B, T, V) logits
         args = (ids, attention_mask, positions, cache, full_attention_mask, last_only)
         if not door.checked:  # (appendix D: checked once, at the door)
-            self._check(*args)
+            _check_decoding(self, ids, "ids", self.config.vocab_size, positions, cache,
+                            None, attention_mask, full_attention_mask, last_only)
             return inside(GPT.forward, self, *args)
         past = 0 if cache is None else cache.length
         B, T = ids.shape
@@ -233,13 +333,6 @@ class GPT(nn.Module):
                          is_causal=causal)  # (B, T, C)
         return self.head(h[:, -1:] if last_only else h)
 
-    def _check(self, ids, attention_mask, positions, cache, full_attention_mask,
-               last_only) -> None:
-        "Raise unless `forward`'s arguments are well formed and fit each other."
-        _check_decoding(self, ids, "ids", self.config.vocab_size, positions, cache,
-                        None, attention_mask, full_attention_mask)
-        check_flag(last_only, "last_only")
-
     def make_cache(self, batch_size: int, max_len: int | None = None,
                    static: bool = False) -> DecoderCache:
         """Empty caches for every block, on the model's device and in its dtype;
@@ -248,6 +341,13 @@ class GPT(nn.Module):
                    else check_positive_int(max_len, "max_len"))
         return DecoderCache.for_decoder(self.decoder, batch_size, max_len,
                                         static=static)
+
+# %% ../nbs/11_model.ipynb #19beff86
+def count_parameters(model: nn.Module) -> int:
+    """How many trainable numbers `model` holds: the elements of its trainable
+    parameters, each tensor counted once (a tied matrix is one tensor)."""
+    check_module(model)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 # %% ../nbs/11_model.ipynb #b13d9b97
 @dataclass(frozen=True, kw_only=True)
@@ -266,18 +366,9 @@ class TransformerConfig(TextConfig):
                      "n_decoder_layers"):
             self._check(name, check_positive_int)
         self._check("tie_weights", check_flag)
-        self._check_pad_id(self.src_vocab_size, self.tgt_vocab_size)
+        _check_pad_id(self.pad_id, self.src_vocab_size, self.tgt_vocab_size)
 
     _encodings = ("learned", "sinusoidal")  # rotary would need rotary cross-attention
-
-# %% ../nbs/11_model.ipynb #42a88a50
-def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
-    "S, the number of source positions: from memory, a filled cross cache, or the mask."
-    if memory is not None:
-        return memory.shape[1]
-    if cache is not None and cache.cross_attn and len(cache.cross_attn[0]):
-        return len(cache.cross_attn[0])
-    return source_mask.shape[-1]
 
 
 class Transformer(nn.Module):
@@ -301,11 +392,8 @@ class Transformer(nn.Module):
         """Encoder output `(B, S, C)` and the source's real-token mask `(B, S)`
         (`source_mask`, by default: the tokens that are not `pad_id`)."""
         if not door.checked:  # (appendix D: checked once, at the door)
-            B, S = _ids(src, "src")
-            _check_length(S, self.config.max_len)
-            check_token_ids(src, self.config.src_vocab_size, "src")
-            if source_mask is not None:
-                padding_mask_from_real(source_mask, B, S, "source_mask")
+            _check_text_ids(src, source_mask, self.config.src_vocab_size,
+                            self.config.max_len, "src", "source_mask")
             return inside(Transformer.encode, self, src, source_mask)
         S = src.shape[1]
         if source_mask is None:
@@ -324,7 +412,7 @@ class Transformer(nn.Module):
                ) -> torch.Tensor:  # (B, T, V_tgt)
         args = (tgt, memory, source_mask, attention_mask, positions, cache)
         if not door.checked:  # (appendix D: checked once, at the door)
-            self._check_decode(*args)
+            _check_decode(self, *args)
             return inside(Transformer.decode, self, *args)
         past = 0 if cache is None else cache.length
         B, T = tgt.shape
@@ -340,28 +428,10 @@ class Transformer(nn.Module):
         return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache,
                                       is_causal=causal))
 
-    def _check_decode(self, tgt, memory, source_mask, attention_mask, positions,
-                      cache) -> None:
-        "Raise unless `decode`'s arguments are well formed and fit each other."
-        B = _check_decoding(self, tgt, "tgt", self.config.tgt_vocab_size, positions,
-                            cache, memory, attention_mask, None)
-        if memory is not None:
-            check_encoder_output(memory, self.config.d_model, B)
-            self.decoder.layers[0]._check_x(memory, "memory")  # its dtype
-        elif cache is None:
-            raise ValueError("decode needs the encoder output `memory`, or a cache "
-                             "filled from it (make_cache(memory))")
-        if source_mask is not None:
-            padding_mask_from_real(source_mask, B,
-                                   _source_len(memory, cache, source_mask),
-                                   "source_mask")
-
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         "Teacher forcing: logits for every target position, given source and prefix."
         memory, source_mask = self.encode(src)
-        if check_tensor(tgt, "tgt").shape[0] != src.shape[0]:
-            raise ValueError(f"src {shape_str(src)} and tgt {shape_str(tgt)} must have "
-                             "the same batch size B")
+        _check_same_batch(src, tgt)
         return self.decode(tgt, memory, source_mask)
 
     def make_cache(self, memory: torch.Tensor, max_len: int | None = None,
@@ -396,7 +466,7 @@ class TextEncoderConfig(TextConfig):
         self._check("n_layers", check_positive_int)
         self._check("type_vocab_size", check_int, minimum=0)
         self._check("embed_norm", check_flag)
-        self._check_pad_id(self.vocab_size)
+        _check_pad_id(self.pad_id, self.vocab_size)
 
 
 class TextEncoder(nn.Module):
@@ -422,13 +492,7 @@ class TextEncoder(nn.Module):
         embeddings: they are real, take positions 0..P-1 and token type 0."""
         args = (ids, attention_mask, token_type_ids, prefix)
         if not door.checked:  # (appendix D: checked once, at the door)
-            B, T = _ids(ids, "ids")
-            P = 0 if prefix is None else self._check_prefix(prefix, B)
-            _check_length(T, self.config.max_len, P, "prefix vectors")
-            check_token_ids(ids, self.config.vocab_size, "ids")
-            if attention_mask is not None:
-                padding_mask_from_real(attention_mask, B, T, "attention_mask")
-            _token_types(token_type_ids, ids, self.config.type_vocab_size)
+            _check_text_encoder(self, *args)
             return inside(TextEncoder.forward, self, *args)
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         types = _token_types(token_type_ids, ids, self.config.type_vocab_size)
@@ -440,32 +504,6 @@ class TextEncoder(nn.Module):
         x = self.embed(ids, positions, "ids", types, prefix)
         return self.encoder(x, mask=padding_mask_from_real(keep))  # padding only
 
-    def _check_prefix(self, prefix, B: int) -> int:
-        "P if `prefix` is `(1, P, C)` or `(B, P, C)` in the weights' dtype; else raise."
-        check_tensor(prefix, "prefix", floating=True)
-        C = self.config.d_model
-        if prefix.dim() != 3 or prefix.shape[0] not in (1, B) or prefix.shape[2] != C:
-            raise ValueError(f"prefix must be (1, P, C) or (B, P, C) with B={B}, "
-                             f"C={C}, got shape {shape_str(prefix)}")
-        check_dtype(prefix, "prefix", self.embed.tok.weight.dtype,
-                    "the model's weights")
-        return prefix.shape[1]
-
-
-def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
-    "The checked token types `(B, T)`, zeros if None (and None without types)."
-    if token_type_ids is None:
-        return torch.zeros_like(ids) if n_types else None
-    if door.checked:  # (appendix D: checked once, at the door)
-        return token_type_ids
-    if not n_types:
-        raise ValueError("token_type_ids were given, but the config has "
-                         "type_vocab_size=0")
-    if isinstance(token_type_ids, torch.Tensor) and token_type_ids.shape != ids.shape:
-        raise ValueError(f"token_type_ids must be (B, T) like ids "
-                         f"{shape_str(ids)}, got {shape_str(token_type_ids)}")
-    return check_token_ids(token_type_ids, n_types, "token_type_ids")
-
 
 def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
               mask: torch.Tensor,  # (B, T) True at real tokens
@@ -474,11 +512,7 @@ def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
     sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1 if
     `normalize`. A text with no real token gets the zero vector."""
     if not door.checked:  # (appendix D: checked once, at the door)
-        check_tensor(hidden, "hidden", floating=True)
-        check_bool_mask(mask, "mask")
-        if hidden.dim() != 3 or tuple(mask.shape) != tuple(hidden.shape[:2]):
-            raise ValueError(f"hidden must be (B, T, C) and mask (B, T), got shapes "
-                             f"{shape_str(hidden)} and {shape_str(mask)}")
+        _check_pool(hidden, mask)
     weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
     return nn.functional.normalize(pooled, dim=-1) if normalize else pooled
@@ -500,7 +534,7 @@ class EncoderClassifierConfig(TextConfig):
         for name in ("vocab_size", "n_classes", "n_layers"):
             self._check(name, check_positive_int)
         self._check("pooling", check_choice, ("cls", "mean"))
-        self._check_pad_id(self.vocab_size)
+        _check_pad_id(self.pad_id, self.vocab_size)
 
     _encodings = ("learned", "sinusoidal")
 
@@ -526,11 +560,8 @@ class EncoderClassifier(nn.Module):
                 attention_mask: torch.Tensor | None = None,  # (B, T), True = real
                 ) -> torch.Tensor:  # (B, n_classes)
         if not door.checked:  # (appendix D: checked once, at the door)
-            B, T = _ids(ids, "ids")
-            _check_length(T, self.config.max_len)
-            check_token_ids(ids, self.config.vocab_size, "ids")
-            if attention_mask is not None:
-                padding_mask_from_real(attention_mask, B, T, "attention_mask")
+            c = self.config
+            _check_text_ids(ids, attention_mask, c.vocab_size, c.max_len)
             return inside(EncoderClassifier.forward, self, ids, attention_mask)
         if self.cls is not None:  # (B, 1 + T, C): [CLS] first, read at the top
             hidden = self.text_encoder(ids, attention_mask, prefix=self.cls)
@@ -556,9 +587,7 @@ class ViTConfig(LayerConfig):
         super().__post_init__()
         for name in ("image_size", "patch_size", "channels", "n_classes", "n_layers"):
             self._check(name, check_positive_int)
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size ({self.image_size}) must be divisible by "
-                             f"patch_size ({self.patch_size})")
+        _check_patches(self.image_size, self.patch_size)
 
     @property
     def n_patches(self) -> int:
@@ -581,19 +610,10 @@ class VisionTransformer(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if not door.checked:  # (appendix D: checked once, at the door)
-            self._check(images)
+            _check_images(self, images)
             return inside(VisionTransformer.forward, self, images)
         x = self.patchify(images)  # (B, C, h, w): one C-vector per patch
         x = x.flatten(2).transpose(1, 2)  # (B, N, C), N = h·w patches
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + N, C)
         x = x + self.pos(default_positions(0, x.shape[1], x.device))
         return self.head(self.encoder(x)[:, 0])  # no mask: every patch sees every patch
-
-    def _check(self, images) -> None:
-        c = self.config
-        check_tensor(images, "images", floating=True)
-        size = (c.channels, c.image_size, c.image_size)
-        if images.dim() != 4 or tuple(images.shape[1:]) != size or len(images) == 0:
-            raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, "
-                             f"{c.image_size}), B >= 1, got {shape_str(images)}")
-        check_dtype(images, "images", self.cls.dtype, "the model's weights")

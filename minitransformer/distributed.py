@@ -19,6 +19,24 @@ from .training import SingleProcess
 # %% auto #0
 __all__ = ['DDPProcesses', 'Rank', 'distributed', 'shard_batch']
 
+# %% ../nbs/14_distributed.ipynb #79ee485b
+def _check_nccl_device(device: torch.device) -> bool:
+    "Whether the group talks NCCL; raise if it does and the model is not on a GPU."
+    nccl = dist.get_backend() == "nccl"
+    if nccl and device.type != "cuda":
+        raise ValueError(f"the process group uses NCCL, which needs the model "
+                         f"on its rank's GPU, but its weights are on {device}: "
+                         "move it there (Rank.device), or join with "
+                         "distributed('gloo')")
+    return nccl
+
+
+def _check_agreed(t: torch.Tensor, what: str) -> None:
+    "`t`: (any rank True, -(any rank False)), MAX-reduced; raise if the ranks differ."
+    if t[0].item() != -t[1].item():
+        raise ValueError(f"the ranks disagree on {what}: put it where every rank "
+                         "reads the same file")
+
 # %% ../nbs/14_distributed.ipynb #4550d5fa
 def _world() -> tuple[int, int]:
     "This process's rank and the number of processes: (0, 1) outside torchrun."
@@ -41,12 +59,7 @@ class DDPProcesses(SingleProcess):
         if not self.on:
             return model
         device = next(model.parameters()).device
-        nccl = dist.get_backend() == "nccl"  # NCCL talks in CUDA tensors
-        if nccl and device.type != "cuda":
-            raise ValueError(f"the process group uses NCCL, which needs the model "
-                             f"on its rank's GPU, but its weights are on {device}: "
-                             "move it there (Rank.device), or join with "
-                             "distributed('gloo')")
+        nccl = _check_nccl_device(device)  # NCCL talks in CUDA tensors
         self.device = device if nccl else torch.device("cpu")
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
@@ -86,15 +99,52 @@ class DDPProcesses(SingleProcess):
             return flag
         t = torch.tensor([float(flag), -float(flag)], device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # (any rank True, any rank False)
-        if t[0].item() != -t[1].item():
-            raise ValueError(f"the ranks disagree on {what}: put it where every rank "
-                             "reads the same file")
+        _check_agreed(t, what)
         return flag
 
     def barrier(self) -> None:
         "Wait until every rank gets here."
         if self.on:
             dist.barrier()
+
+# %% ../nbs/14_distributed.ipynb #177332c0
+def _check_torchrun_env() -> tuple[int, int, int]:
+    "(RANK, WORLD_SIZE, LOCAL_RANK) from torchrun's environment, before any group."
+    env = {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if not all(v.isdigit() for v in env.values()):
+        raise RuntimeError(f"the torchrun environment is incomplete: {env}")
+    if dist.is_initialized():
+        raise RuntimeError("this process already belongs to a process group; "
+                           "use distributed() once, around the whole run")
+    return tuple(int(v) for v in env.values())
+
+
+def _check_backend(backend: str, local: int, gpus: int) -> str:
+    "`backend`, if this machine can run it: NCCL needs a GPU for every local process."
+    if backend == "nccl" and local >= gpus:
+        raise ValueError(f"backend 'nccl' needs a GPU per process, but process "
+                         f"{local} on this machine sees {gpus} GPU(s): start fewer "
+                         "processes per machine, or use backend='gloo'")
+    return backend
+
+
+def _check_shard(batch, rank, world_size) -> tuple[int, int]:
+    "`shard_batch`'s arguments checked: (rank, world_size) as ints."
+    size = check_positive_int(world_size, "world_size")
+    rank = check_int(rank, "rank", minimum=0)
+    if rank >= size:
+        raise ValueError(f"rank must be in [0, {size}), got {rank}")
+    parts = (batch,) if isinstance(batch, torch.Tensor) else batch
+    if not isinstance(parts, (tuple, list)) or not parts or not all(
+            isinstance(t, torch.Tensor) and t.dim() >= 1 for t in parts):
+        raise TypeError("batch must be a tensor or a tuple of tensors, each with the "
+                        f"batch as its first dimension, got {type(batch).__name__}")
+    B = parts[0].shape[0]
+    if any(t.shape[0] != B for t in parts) or B % size:
+        raise ValueError(f"every tensor of the batch needs the same first dimension, "
+                         f"divisible by world_size={size}; got "
+                         f"{[tuple(t.shape) for t in parts]}")
+    return rank, size
 
 # %% ../nbs/14_distributed.ipynb #18c58b19
 class Rank(NamedTuple):
@@ -117,19 +167,10 @@ def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL given GP
     if "WORLD_SIZE" not in os.environ:  # a plain `python script.py`
         yield Rank(0, 1, 0, default_device())
         return
-    env = {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    if not all(v.isdigit() for v in env.values()):
-        raise RuntimeError(f"the torchrun environment is incomplete: {env}")
-    rank, size, local = (int(v) for v in env.values())
-    if dist.is_initialized():
-        raise RuntimeError("this process already belongs to a process group; "
-                           "use distributed() once, around the whole run")
+    rank, size, local = _check_torchrun_env()  # RANK, WORLD_SIZE, LOCAL_RANK
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = backend or ("nccl" if local < gpus else "gloo")
-    if backend == "nccl" and local >= gpus:
-        raise ValueError(f"backend 'nccl' needs a GPU per process, but process "
-                         f"{local} on this machine sees {gpus} GPU(s): start fewer "
-                         "processes per machine, or use backend='gloo'")
+    _check_backend(backend, local, gpus)  # NCCL needs a GPU for every local process
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", local)
@@ -148,24 +189,11 @@ def shard_batch(batch: torch.Tensor | tuple | list,  # tensors with the batch fi
     """This rank's share of a global batch: rows `rank·b .. (rank+1)·b - 1` of each
     tensor, `b = B / world_size`. Every rank draws the same global batch and keeps
     its rows, so N ranks see exactly the windows one process would."""
-    here = _world()
-    rank = here[0] if rank is None else rank
-    size = check_positive_int(here[1] if world_size is None else world_size,
-                              "world_size")
-    rank = check_int(rank, "rank", minimum=0)
-    if rank >= size:
-        raise ValueError(f"rank must be in [0, {size}), got {rank}")
+    here = _world()  # (rank, world size) of this process
+    rank, size = _check_shard(batch, here[0] if rank is None else rank,
+                              here[1] if world_size is None else world_size)
     single = isinstance(batch, torch.Tensor)
     parts = (batch,) if single else batch
-    if not isinstance(parts, (tuple, list)) or not parts or not all(
-            isinstance(t, torch.Tensor) and t.dim() >= 1 for t in parts):
-        raise TypeError("batch must be a tensor or a tuple of tensors, each with the "
-                        f"batch as its first dimension, got {type(batch).__name__}")
-    B = parts[0].shape[0]
-    if any(t.shape[0] != B for t in parts) or B % size:
-        raise ValueError(f"every tensor of the batch needs the same first dimension, "
-                         f"divisible by world_size={size}; got "
-                         f"{[tuple(t.shape) for t in parts]}")
-    b = B // size
+    b = parts[0].shape[0] // size  # rows per rank
     out = tuple(t[rank * b : (rank + 1) * b] for t in parts)
     return out[0] if single else out

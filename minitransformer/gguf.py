@@ -3,6 +3,7 @@
 # %% ../nbs/16_gguf.ipynb #87da9888
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -18,25 +19,43 @@ from .pretrained import (
 # %% auto #0
 __all__ = ['read_gguf', 'gguf_llama_rules', 'gguf_config', 'tokenizer_from_gguf', 'load_gguf', 'load_pretrained']
 
-# %% ../nbs/16_gguf.ipynb #6d24c450
-def read_gguf(path) -> tuple[dict, dict]:
-    """(metadata, tensors) of a GGUF file: the metadata as Python values, the tensors
-    as the `gguf` package's records, still quantised (`_dequantise` makes float32)."""
+# %% ../nbs/16_gguf.ipynb #287092fd
+def _gguf_package():
+    "The `gguf` package, which reads the files (an optional dependency)."
     try:
         import gguf
     except ImportError as e:
         raise ImportError("reading GGUF files needs the gguf package: "
                           "pip install 'minitransformer[models]'") from e
+    return gguf
+
+
+def _check_gguf_file(path) -> Path:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
-    try:  # a damaged file fails inside the gguf package in many ways
-        reader = gguf.GGUFReader(path)
-        meta = {k: f.contents() for k, f in reader.fields.items()}
-        tensors = {t.name: t for t in reader.tensors}
+    return path
+
+
+@contextmanager
+def _readable(path: Path):
+    "A damaged file fails inside the gguf package in many ways: one ValueError for all."
+    try:
+        yield
     except Exception as e:
         raise ValueError(f"{path} is not a readable GGUF file: "
                          f"{type(e).__name__}: {e}") from None
+
+# %% ../nbs/16_gguf.ipynb #6d24c450
+def read_gguf(path) -> tuple[dict, dict]:
+    """(metadata, tensors) of a GGUF file: the metadata as Python values, the tensors
+    as the `gguf` package's records, still quantised (`_dequantise` makes float32)."""
+    gguf = _gguf_package()
+    path = _check_gguf_file(path)
+    with _readable(path):
+        reader = gguf.GGUFReader(path)  # the header; the data stays on disk (a memmap)
+        meta = {k: f.contents() for k, f in reader.fields.items()}
+        tensors = {t.name: t for t in reader.tensors}
     return meta, tensors
 
 
@@ -56,7 +75,8 @@ def _dequantise(t) -> torch.Tensor:
 # %% ../nbs/16_gguf.ipynb #4d4bd7cb
 def _unpermute(n_heads: int) -> Callable:
     """llama.cpp stores each head's query/key rows as rotary pairs (0, D/2), (1, D/2+1),
-    ...; put them back as the two halves (x_i, x_{i+D/2}) our `GPT` (and Llama) use."""
+    ...; put them back as the two halves (x_i, x_{i+D/2}) that our `GPT` rotates, as
+    Hugging Face's Llama code does (Meta's own Llama code rotates adjacent pairs)."""
     def undo(w: torch.Tensor) -> torch.Tensor:
         out, C = w.shape
         pairs = w.reshape(n_heads, out // n_heads // 2, 2, C)  # (head, pair, 2, C)
@@ -86,22 +106,24 @@ def gguf_llama_rules(n_layers: int, n_heads: int, n_kv_heads: int,
                                                           how)
     return rules
 
-# %% ../nbs/16_gguf.ipynb #a350b621
-def gguf_config(meta: dict, tensors: dict, max_len: int | None = None) -> GPTConfig:
-    "Our `GPT`'s config from a llama-architecture GGUF file's metadata."
+# %% ../nbs/16_gguf.ipynb #014e97ff
+def _llama_field(meta: dict, key: str, default=..., check=check_positive_int):
+    "The metadata field llama.`key`, checked; `default` if absent (required if none)."
+    if default is ... and f"llama.{key}" not in meta:
+        raise ValueError(f"the GGUF file lacks llama.{key}")
+    value = meta.get(f"llama.{key}", default)
+    return value if value is None else check(value, f"llama.{key}")
+
+
+def _positive_real(value, name: str) -> float:
+    return check_number(value, name, low=0, low_open=True)
+
+
+def _check_gguf_llama(meta: dict, tensors: dict) -> None:
+    "A llama file with plain rotary positions over whole heads and a token embedding."
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise ValueError(f"GGUF architecture {arch!r}: only 'llama' is read")
-
-    def g(key, default=..., check=check_positive_int):
-        if default is ... and f"llama.{key}" not in meta:
-            raise ValueError(f"the GGUF file lacks llama.{key}")
-        value = meta.get(f"llama.{key}", default)
-        return value if value is None else check(value, f"llama.{key}")
-
-    def real(value, name):
-        return check_number(value, name, low=0, low_open=True)
-
     if "rope_freqs.weight" in tensors or meta.get("llama.rope.scaling.type",
                                                   "none") != "none":
         raise ValueError("the GGUF file scales its rotary frequencies (rope_freqs or "
@@ -111,27 +133,37 @@ def gguf_config(meta: dict, tensors: dict, max_len: int | None = None) -> GPTCon
     embedding = _gguf_shape(tensors["token_embd.weight"])
     if len(embedding) != 2:
         raise ValueError(f"token_embd.weight has shape {embedding}, not (vocab, width)")
-    heads, C = g("attention.head_count"), g("embedding_length")
-    if g("rope.dimension_count", C // heads) != C // heads:
+    heads = _llama_field(meta, "attention.head_count")
+    C = _llama_field(meta, "embedding_length")
+    if _llama_field(meta, "rope.dimension_count", C // heads) != C // heads:
         raise ValueError("rotary positions on part of a head are not supported")
+
+# %% ../nbs/16_gguf.ipynb #a350b621
+def gguf_config(meta: dict, tensors: dict, max_len: int | None = None) -> GPTConfig:
+    "Our `GPT`'s config from a llama-architecture GGUF file's metadata."
+    _check_gguf_llama(meta, tensors)  # what our GPT does not implement is refused
+
+    def g(key, default=..., check=check_positive_int):  # llama.<key>, checked
+        return _llama_field(meta, key, default, check)
+
+    vocab = _gguf_shape(tensors["token_embd.weight"])[0]  # (vocab, width)
+    heads, C = g("attention.head_count"), g("embedding_length")
     return GPTConfig(
-        vocab_size=embedding[0], d_model=C,
+        vocab_size=vocab, d_model=C,
         n_heads=heads, n_kv_heads=g("attention.head_count_kv", heads),
         d_ff=g("feed_forward_length"), n_layers=g("block_count"), activation="swiglu",
-        norm="rmsnorm", norm_eps=g("attention.layer_norm_rms_epsilon", check=real),
+        norm="rmsnorm", norm_eps=g("attention.layer_norm_rms_epsilon",
+                                   check=_positive_real),
         bias=False, position_encoding="rotary",
-        rope_base=g("rope.freq_base", 1e4, check=real),
+        rope_base=g("rope.freq_base", 1e4, check=_positive_real),
         max_len=g("context_length") if max_len is None else max_len,
         tie_weights="output.weight" not in tensors,
         pad_id=meta.get("tokenizer.ggml.padding_token_id", 0))
 
-# %% ../nbs/16_gguf.ipynb #4011bb2d
-def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
-    """The `PretrainedTokenizer` of a GGUF file's metadata: byte-level BPE from its
-    vocabulary and merges (llama.cpp's `gpt2` tokenizer model) with its control
-    tokens kept whole, its special tokens, and its chat template."""
-    from tokenizers import AddedToken, Tokenizer as Backend, decoders, models
-    from tokenizers import pre_tokenizers
+# %% ../nbs/16_gguf.ipynb #9468e9e8
+def _check_gguf_vocab(meta: dict) -> tuple[list, list]:
+    """(tokens, merges) of a byte-level BPE vocabulary, every merge two tokens of the
+    vocabulary; and a pre-tokenizer we build."""
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(f"GGUF tokenizer model {kind!r}: only byte-level BPE "
@@ -143,36 +175,51 @@ def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
         if not (isinstance(values, list) and values
                 and all(isinstance(v, str) for v in values)):
             raise ValueError(f"tokenizer.ggml.{key} must be a list of strings")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    vocab, pairs = set(tokens), (m.split(" ", 1) for m in merges)
     if not all(len(pair) == 2 and pair[0] in vocab and pair[1] in vocab
                and "".join(pair) in vocab for pair in pairs):
         raise ValueError("tokenizer.ggml.merges names tokens outside the "
                          "vocabulary (or a merge is not two tokens)")
+    pre = meta.get("tokenizer.ggml.pre")
+    if pre not in (None, "default", "gpt-2", "smollm"):
+        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported")
+    return tokens, merges
+
+
+def _special_token(meta: dict, tokens: list, k: str) -> str | None:
+    "The text of the special token `k` (bos, eos, padding), from its id; None if unset."
+    key = f"tokenizer.ggml.{k}_token_id"
+    if key not in meta:
+        return None
+    i = meta[key]
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+        raise ValueError(f"{key} is {i!r}, not a token id below {len(tokens)}")
+    return tokens[i]
+
+# %% ../nbs/16_gguf.ipynb #4011bb2d
+def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
+    """The `PretrainedTokenizer` of a GGUF file's metadata: byte-level BPE from its
+    vocabulary and merges (llama.cpp's `gpt2` tokenizer model) with its control
+    tokens kept whole, its special tokens, and its chat template."""
+    from tokenizers import AddedToken, Tokenizer as Backend, decoders, models
+    from tokenizers import pre_tokenizers
+    tokens, merges = _check_gguf_vocab(meta)
+    vocab = {t: i for i, t in enumerate(tokens)}  # a token's position is its id
+    pairs = [tuple(m.split(" ", 1)) for m in merges]  # in the order they were learned
     backend = Backend(models.BPE(vocab, pairs, ignore_merges=False))
     split = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-    pre = meta.get("tokenizer.ggml.pre")
-    if pre == "smollm":  # digits one at a time, then GPT-2's splitting
+    if meta.get("tokenizer.ggml.pre") == "smollm":  # digits one at a time, then GPT-2's
         split.insert(0, pre_tokenizers.Digits(individual_digits=True))
-    elif pre not in (None, "default", "gpt-2"):
-        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported")
     backend.pre_tokenizer = pre_tokenizers.Sequence(split)
     backend.decoder = decoders.ByteLevel()
     kinds = meta.get("tokenizer.ggml.token_type", [])
     control = [t for t, k in zip(tokens, kinds) if k == 3]  # 3: llama.cpp's CONTROL
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t in control])
-    def name(k):  # the special token's text, from its id
-        key = f"tokenizer.ggml.{k}_token_id"
-        if key not in meta:
-            return None
-        i = meta[key]
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
-            raise ValueError(f"{key} is {i!r}, not a token id below {len(tokens)}")
-        return tokens[i]
-    return PretrainedTokenizer(backend, name("bos"), name("eos"), name("padding"),
-                     meta.get("tokenizer.chat_template"),
-                     bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+    bos, eos, pad = (_special_token(meta, tokens, k) for k in ("bos", "eos", "padding"))
+    return PretrainedTokenizer(backend, bos, eos, pad,
+                               meta.get("tokenizer.chat_template"),
+                               bool(meta.get("tokenizer.ggml.add_bos_token", False)))
 
 # %% ../nbs/16_gguf.ipynb #cc7293cc
 def load_gguf(path, dtype: torch.dtype = torch.float32,
@@ -195,30 +242,44 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
                                      dtype, str(path))
     return Pretrained(model.eval(), tokenizer, unused, str(path))
 
+# %% ../nbs/16_gguf.ipynb #0342d9be
+def _check_source(name, revision) -> Path:
+    """`name` as a path: a .gguf file, a folder, or else a Hub repo id owner/name;
+    `revision` only for a repo id."""
+    if not isinstance(name, (str, Path)):
+        raise TypeError(f"name must be a path or a repo id, got {type(name).__name__}")
+    path = Path(name)
+    local = path.suffix == ".gguf" or path.is_dir()
+    if revision is not None and local:
+        raise ValueError(f"revision={revision!r} applies to Hub repo ids, not to the "
+                         f"local {path}")
+    if not local and (path.exists() or str(name).count("/") != 1):
+        raise FileNotFoundError(f"{name!r} is neither a .gguf file, a folder, nor a "
+                                f"Hub repo id of the form owner/name")
+    return path
+
+
+def _hub_download():
+    "huggingface_hub's `snapshot_download` (an optional dependency)."
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise ImportError("downloading from the Hub needs huggingface_hub: "
+                          "pip install 'minitransformer[models]'") from e
+    return snapshot_download
+
 # %% ../nbs/16_gguf.ipynb #744ef461
 def load_pretrained(name, dtype: torch.dtype = torch.float32,
                     max_len: int | None = None,
                     revision: str | None = None) -> Pretrained:
     """A `.gguf` file, a Hugging Face-format folder, or (online) a Hub repo id such as
     "sentence-transformers/all-MiniLM-L6-v2", as one of our models."""
-    if not isinstance(name, (str, Path)):
-        raise TypeError(f"name must be a path or a repo id, got {type(name).__name__}")
-    path = Path(name)
-    if revision is not None and (path.suffix == ".gguf" or path.is_dir()):
-        raise ValueError(f"revision={revision!r} applies to Hub repo ids, not to the "
-                         f"local {path}")
+    path = _check_source(name, revision)
     if path.suffix == ".gguf":
         return load_gguf(path, dtype, max_len)
     if path.is_dir():
         return load_folder(path, dtype, max_len)
-    if path.exists() or str(name).count("/") != 1:
-        raise FileNotFoundError(f"{name!r} is neither a .gguf file, a folder, nor a "
-                                f"Hub repo id of the form owner/name")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise ImportError("downloading from the Hub needs huggingface_hub: "
-                          "pip install 'minitransformer[models]'") from e
+    snapshot_download = _hub_download()  # a repo id: its files into the local cache
     folder = snapshot_download(repo_id=str(name), revision=revision, allow_patterns=[
         "config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
         "tokenizer_config.json", "chat_template.jinja"])

@@ -21,16 +21,18 @@ from .checkpoints import (
 __all__ = ['ADAPTER_FORMAT', 'LoRALinear', 'add_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'save_adapter',
            'load_adapter']
 
-# %% ../nbs/17_lora.ipynb #83c2d45f
+# %% ../nbs/17_lora.ipynb #595a4dd9
 def _fingerprint(weight: torch.Tensor) -> str:
     "A short hash of a weight's values: which base matrix an adapter was trained on."
     data = weight.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def _settings(base: nn.Linear, r, alpha, dropout,
-              name: str = "the layer") -> tuple[int, float, float]:
+def _check_settings(base: nn.Linear, r, alpha, dropout,
+                    name: str = "the layer") -> tuple[int, float, float]:
     "A LoRA layer's r, alpha and dropout, checked (r at most `base`'s smaller side)."
+    if not isinstance(base, nn.Linear):
+        raise TypeError(f"base must be an nn.Linear, got {type(base).__name__}")
     r = check_positive_int(r, "r")
     if r > min(base.in_features, base.out_features):
         raise ValueError(f"r={r} exceeds the smaller side of {name} "
@@ -38,7 +40,7 @@ def _settings(base: nn.Linear, r, alpha, dropout,
     return (r, check_number(alpha, "alpha", low=0, low_open=True),
             check_dropout(dropout))
 
-
+# %% ../nbs/17_lora.ipynb #83c2d45f
 class LoRALinear(nn.Module):
     """A frozen `nn.Linear` plus a trainable low-rank update:
     `y = base(x) + (alpha / r) · B A x`, with A `(r, in)` random and B `(out, r)` zero,
@@ -47,9 +49,7 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, r: int = 8, alpha: float = 16.0,
                  dropout: float = 0.0):
         super().__init__()
-        if not isinstance(base, nn.Linear):
-            raise TypeError(f"base must be an nn.Linear, got {type(base).__name__}")
-        self.r, self.alpha, self.dropout = _settings(base, r, alpha, dropout)
+        self.r, self.alpha, self.dropout = _check_settings(base, r, alpha, dropout)
         self.scaling = self.alpha / self.r
         self.base = base.requires_grad_(False)  # frozen
         kw = dict(device=base.weight.device, dtype=base.weight.dtype)
@@ -96,16 +96,8 @@ class LoRALinear(nn.Module):
     def extra_repr(self) -> str:
         return f"r={self.r}, alpha={self.alpha:g}, merged={self.merged}"
 
-# %% ../nbs/17_lora.ipynb #b7316b48
-def add_lora(model: nn.Module,
-             targets=("q_proj", "v_proj"),  # names of the nn.Linear layers to adapt
-             r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-             trainable=(),  # names (prefixes) of other parameters left trainable
-             ) -> list[str]:  # the adapted layers' names
-    """Freeze `model` and wrap every `nn.Linear` whose own name (the last part of its
-    dotted path, e.g. `q_proj`) is one of `targets` in a `LoRALinear`; the parameters
-    under `trainable` (e.g. a new task head) stay trainable. Returns the names of the
-    wrapped layers."""
+# %% ../nbs/17_lora.ipynb #6b310cd5
+def _check_add_lora(model, targets, trainable) -> None:
     check_module(model)
     if isinstance(targets, str) or not targets:
         raise ValueError(f"targets must be a non-empty list of layer names, got "
@@ -114,8 +106,11 @@ def add_lora(model: nn.Module,
         raise ValueError(f"trainable must be a list of names, got {trainable!r}")
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ValueError("the model already holds LoRA layers")
-    found = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)
-             and name.rsplit(".", 1)[-1] in targets]
+
+
+def _check_found(model: nn.Module, found: list, targets, trainable, r, alpha,
+                 dropout) -> None:
+    "Layers found, trainable names that exist, no tied weight, settings that fit."
     if not found:
         raise ValueError(f"targets {list(targets)} name no nn.Linear of "
                          f"{type(model).__name__}")
@@ -126,11 +121,38 @@ def add_lora(model: nn.Module,
         raise ValueError(f"trainable names {missing} match no parameter")
     tied = tied_parameters(model)
     shared = set(tied) | set(tied.values())
-    for name in found:  # check everything before changing anything
+    for name in found:
         if f"{name}.weight" in shared:
             raise ValueError(f"{name}.weight is shared with another parameter (tied "
                              f"weights): merging would change both")
-        _settings(model.get_submodule(name), r, alpha, dropout, name)
+        _check_settings(model.get_submodule(name), r, alpha, dropout, name)
+
+
+def _all_layers(model: nn.Module, merged: bool) -> list[LoRALinear]:
+    "Every LoRA layer, if there are some and all are (un)merged as `merged` says."
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no LoRA layers")
+    wrong = [n for n, m in layers.items() if m.merged != merged]
+    if wrong:
+        state = "not merged" if merged else "already merged"
+        raise RuntimeError(f"{len(wrong)} LoRA layers are {state}, e.g. {wrong[0]}")
+    return list(layers.values())
+
+# %% ../nbs/17_lora.ipynb #b7316b48
+def add_lora(model: nn.Module,
+             targets=("q_proj", "v_proj"),  # names of the nn.Linear layers to adapt
+             r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+             trainable=(),  # names (prefixes) of other parameters left trainable
+             ) -> list[str]:  # the adapted layers' names
+    """Freeze `model` and wrap every `nn.Linear` whose own name (the last part of its
+    dotted path, e.g. `q_proj`) is one of `targets` in a `LoRALinear`; the parameters
+    under `trainable` (e.g. a new task head) stay trainable. Returns the names of the
+    wrapped layers."""
+    _check_add_lora(model, targets, trainable)
+    found = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)
+             and name.rsplit(".", 1)[-1] in targets]
+    _check_found(model, found, targets, trainable, r, alpha, dropout)  # all, first
     model.requires_grad_(False)
     for name in found:
         parent, _, leaf = name.rpartition(".")
@@ -145,18 +167,6 @@ def add_lora(model: nn.Module,
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     "The model's LoRA layers by name."
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
-
-
-def _all_layers(model: nn.Module, merged: bool) -> list[LoRALinear]:
-    "Every LoRA layer, if there are some and all are (un)merged as `merged` says."
-    layers = lora_layers(model)
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no LoRA layers")
-    wrong = [n for n, m in layers.items() if m.merged != merged]
-    if wrong:
-        state = "not merged" if merged else "already merged"
-        raise RuntimeError(f"{len(wrong)} LoRA layers are {state}, e.g. {wrong[0]}")
-    return list(layers.values())
 
 
 def merge_lora(model: nn.Module) -> None:
@@ -177,11 +187,7 @@ ADAPTER_FORMAT = "minitransformer-lora-1"
 def save_adapter(model: nn.Module, path) -> Path:
     """Write only what training changed — every LoRA layer's A and B and any other
     trainable parameter — with the fingerprints of the base weights they adapt."""
-    layers = lora_layers(model)
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no LoRA layers to save")
-    if any(m.merged for m in layers.values()):
-        raise ValueError("unmerge the LoRA layers before saving the adapter")
+    layers = _check_saveable(model)  # LoRA layers, none merged
     tensors = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters()
                if p.requires_grad}
     meta = {"format": ADAPTER_FORMAT, "model": type(model).__name__,
@@ -197,6 +203,37 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     file's header — every layer's settings, every tensor's name and shape — is checked
     before anything is read or changed: a refused file leaves `model` as it was."""
     check_module(model)
+    path, meta, shapes = _adapter_header(path, model)  # an adapter for this class
+    specs = _check_adapter(model, path, meta, shapes)  # same base, every name and shape
+    with safe_open(path, "pt") as f:  # everything fits: read, then change the model
+        tensors = {n: f.get_tensor(n) for n in shapes}
+    have = lora_layers(model)
+    model.requires_grad_(False)  # as after add_lora: what the file holds trains
+    for name, spec in specs.items():  # now add the missing LoRA layers
+        if name not in have:
+            parent, _, leaf = name.rpartition(".")
+            owner = model.get_submodule(parent)
+            setattr(owner, leaf, LoRALinear(getattr(owner, leaf), spec["r"],
+                                            spec["alpha"], spec["dropout"]))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, t in tensors.items():
+            params[n].copy_(t)
+            params[n].requires_grad_(True)
+    return model
+
+# %% ../nbs/17_lora.ipynb #061160da
+def _check_saveable(model: nn.Module) -> dict:
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no LoRA layers to save")
+    if any(m.merged for m in layers.values()):
+        raise ValueError("unmerge the LoRA layers before saving the adapter")
+    return layers
+
+
+def _adapter_header(path, model: nn.Module) -> tuple[Path, dict, dict]:
+    "(path, metadata, {name: shape}) of an adapter file for a model of this class."
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no adapter file at {path}")
@@ -211,10 +248,16 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     if meta["model"] != type(model).__name__:
         raise ValueError(f"{path} adapts a {meta['model']}, not a "
                          f"{type(model).__name__}")
+    return path, meta, shapes
+
+
+def _check_adapter(model: nn.Module, path: Path, meta: dict, shapes: dict) -> dict:
+    """Each layer the file names: its settings, the fingerprint of the base weight, and
+    every tensor's name and shape. Returns each layer's checked settings."""
     layers = parse_json_object(meta["layers"], f"{path}'s layer list")
     have, params = lora_layers(model), dict(model.named_parameters())
     specs, want = {}, {}
-    for name, spec in layers.items():  # check everything before changing anything
+    for name, spec in layers.items():
         m = have.get(name)
         base = _linear(model, name, path) if m is None else m.base
         with name_in_errors(f"{path}, layer {name}"):
@@ -247,21 +290,7 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
         if shape != need:
             raise ValueError(f"{path} holds {n} {shape}, which this model "
                              f"{'lacks' if need is None else f'has as {need}'}")
-    with safe_open(path, "pt") as f:  # everything fits: read, then change the model
-        tensors = {n: f.get_tensor(n) for n in shapes}
-    model.requires_grad_(False)  # as after add_lora: what the file holds trains
-    for name, spec in specs.items():  # now add the missing LoRA layers
-        if name not in have:
-            parent, _, leaf = name.rpartition(".")
-            owner = model.get_submodule(parent)
-            setattr(owner, leaf, LoRALinear(getattr(owner, leaf), spec["r"],
-                                            spec["alpha"], spec["dropout"]))
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for n, t in tensors.items():
-            params[n].copy_(t)
-            params[n].requires_grad_(True)
-    return model
+    return specs
 
 
 def _layer_spec(spec, base: nn.Linear, name: str) -> dict:
@@ -271,8 +300,8 @@ def _layer_spec(spec, base: nn.Linear, name: str) -> dict:
                          f"got {spec!r:.80}")
     if not isinstance(spec["fingerprint"], str):
         raise ValueError(f"fingerprint must be a string, got {spec['fingerprint']!r}")
-    r, alpha, dropout = _settings(base, spec["r"], spec["alpha"],
-                                  spec.get("dropout", 0.0), name)
+    r, alpha, dropout = _check_settings(base, spec["r"], spec["alpha"],
+                                        spec.get("dropout", 0.0), name)
     return {"r": r, "alpha": alpha, "dropout": dropout,
             "fingerprint": spec["fingerprint"]}
 

@@ -98,6 +98,64 @@ def gpt2_rules(n_layers: int, tied: bool = True) -> dict[str, Rule]:
             rules[f"{ours}ff_norm.{p}"] = (f"{theirs}ln_2.{p}", None)
     return rules
 
+# %% ../nbs/15_pretrained.ipynb #386c8b38
+def _check_rule_names(shapes: dict, rules, source_shapes: dict, where: str) -> None:
+    "A rule for each tensor of ours; every source tensor a rule names is in the source."
+    if not isinstance(rules, dict):
+        raise TypeError(f"rules must be a dict, got {type(rules).__name__}")
+    if set(rules) != set(shapes):
+        raise ValueError(f"the rules and the model disagree: the model has no "
+                         f"{sorted(set(rules) - set(shapes))[:5]}; no rule for "
+                         f"{sorted(set(shapes) - set(rules))[:5]}")
+    missing = sorted({src for src, _ in rules.values()} - source_shapes.keys())
+    if missing:
+        raise ValueError(f"{where} lacks {len(missing)} tensors the model needs, "
+                         f"e.g. {missing[:5]}")
+
+
+def _check_converted(name: str, shape: tuple, src: str, source_shape: tuple,
+                     how: Callable | None, where: str) -> None:
+    "One rule's conversion, run on a shape-only `meta` tensor, gives our shape."
+    try:
+        value = _convert(torch.empty(source_shape, device="meta"), how)
+    except RuntimeError as e:  # e.g. a reshape the stored shape does not allow
+        raise ValueError(f"{where}: {src} of shape {source_shape} cannot "
+                         f"be converted for {name}: {e}") from None
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{where}: {src} gives shape {tuple(value.shape)} for "
+                         f"{name}, which has shape {tuple(shape)}")
+
+
+def _convert(value: torch.Tensor, how: Callable | None) -> torch.Tensor:
+    value = how(value) if how is not None else value
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"a rule's conversion gave a {type(value).__name__}, not a "
+                        "tensor")
+    return value
+
+
+def _check_getter(tensor) -> None:
+    if not callable(tensor):
+        raise TypeError(f"tensor must be a function of a name, got "
+                        f"{type(tensor).__name__}")
+
+
+def _check_fill_args(model, tensor, source_shapes) -> None:
+    check_module(model)
+    _check_getter(tensor)
+    if not (isinstance(source_shapes, dict) and all(
+            isinstance(s, tuple) and all(isinstance(n, int) for n in s)
+            for s in source_shapes.values())):
+        raise TypeError("source_shapes must map each source tensor's name to its "
+                        "shape, a tuple of ints")
+
+
+def _check_build_args(cls, tensor, dtype) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"cls must be a torch.nn.Module class, got {cls!r:.60}")
+    _check_getter(tensor)
+    check_float_dtype(dtype)
+
 # %% ../nbs/15_pretrained.ipynb #3a424164
 # Tensors a checkpoint may hold that none of our modules needs, and why.
 KNOWN_UNUSED = {
@@ -128,25 +186,9 @@ def check_rules(shapes: dict[str, tuple],  # our tensor name -> its shape
     ours has a rule, every source tensor a rule names exists, and each gives our shape
     once converted (the conversion runs on a shape-only `meta` tensor). Returns each
     unused source tensor with the reason; warns about any whose reason is unknown."""
-    if not isinstance(rules, dict):
-        raise TypeError(f"rules must be a dict, got {type(rules).__name__}")
-    if set(rules) != set(shapes):
-        raise ValueError(f"the rules and the model disagree: the model has no "
-                         f"{sorted(set(rules) - set(shapes))[:5]}; no rule for "
-                         f"{sorted(set(shapes) - set(rules))[:5]}")
-    missing = sorted({src for src, _ in rules.values()} - source_shapes.keys())
-    if missing:
-        raise ValueError(f"{where} lacks {len(missing)} tensors the model needs, "
-                         f"e.g. {missing[:5]}")
-    for name, (src, how) in rules.items():
-        try:
-            value = _convert(torch.empty(source_shapes[src], device="meta"), how)
-        except RuntimeError as e:  # e.g. a reshape the stored shape does not allow
-            raise ValueError(f"{where}: {src} of shape {source_shapes[src]} cannot "
-                             f"be converted for {name}: {e}") from None
-        if tuple(value.shape) != tuple(shapes[name]):
-            raise ValueError(f"{where}: {src} gives shape {tuple(value.shape)} for "
-                             f"{name}, which has shape {tuple(shapes[name])}")
+    _check_rule_names(shapes, rules, source_shapes, where)
+    for name, (src, how) in rules.items():  # each conversion, on shapes alone
+        _check_converted(name, shapes[name], src, source_shapes[src], how, where)
     used = {src for src, _ in rules.values()}
     unused = {k: _why_unused(k) for k in sorted(source_shapes.keys() - used)}
     strange = [k for k, why in unused.items() if why == "not used by this architecture"]
@@ -156,14 +198,6 @@ def check_rules(shapes: dict[str, tuple],  # our tensor name -> its shape
     return unused
 
 
-def _convert(value: torch.Tensor, how: Callable | None) -> torch.Tensor:
-    value = how(value) if how is not None else value
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"a rule's conversion gave a {type(value).__name__}, not a "
-                        "tensor")
-    return value
-
-
 def fill(model: nn.Module,
          rules: dict[str, Rule],  # our tensor name -> (source name, transform or None)
          tensor: Callable[[str], torch.Tensor],  # source name -> its tensor
@@ -171,15 +205,7 @@ def fill(model: nn.Module,
          ) -> dict[str, str]:  # the source tensors left unused -> why
     """Copy a checkpoint into `model` by `rules`: every name and shape is checked
     (`check_rules`) before a tensor is read or anything written."""
-    check_module(model)
-    if not callable(tensor):
-        raise TypeError(f"tensor must be a function of a name, got "
-                        f"{type(tensor).__name__}")
-    if not (isinstance(source_shapes, dict) and all(
-            isinstance(s, tuple) and all(isinstance(n, int) for n in s)
-            for s in source_shapes.values())):
-        raise TypeError("source_shapes must map each source tensor's name to its "
-                        "shape, a tuple of ints")
+    _check_fill_args(model, tensor, source_shapes)
     state = model.state_dict()
     unused = check_rules({k: tuple(v.shape) for k, v in state.items()}, rules,
                          source_shapes)
@@ -203,12 +229,7 @@ def model_from_rules(
     shape first (`expected_layout`, `check_rules`), without a model; then reads each
     tensor once, converts it, and hands it to a model built on the meta device
     (`model_from_state`: no random weights first, no second copy)."""
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise TypeError(f"cls must be a torch.nn.Module class, got {cls!r:.60}")
-    if not callable(tensor):
-        raise TypeError(f"tensor must be a function of a name, got "
-                        f"{type(tensor).__name__}")
-    check_float_dtype(dtype)
+    _check_build_args(cls, tensor, dtype)
     layout, tied = expected_layout(cls, config)  # no model built yet
     unused = check_rules({k: shape for k, (_, shape) in layout.items()}, rules,
                          source_shapes, where)
@@ -219,7 +240,7 @@ def model_from_rules(
             state[name] = value.to(dtype) if floating else value
     return model_from_state(cls, config, state), unused
 
-# %% ../nbs/15_pretrained.ipynb #1efe1c0d
+# %% ../nbs/15_pretrained.ipynb #576b7638
 def _refuse_unsupported(cfg: dict, key: str, want, why: str) -> None:
     "Raise unless config.json's `key` (if present) has a value our modules implement."
     if key in cfg and cfg[key] not in (want if isinstance(want, tuple) else (want,)):
@@ -238,7 +259,7 @@ class _Fields(dict):
     def __missing__(self, key):
         raise ValueError(f"config.json lacks the field {key!r}")
 
-
+# %% ../nbs/15_pretrained.ipynb #1efe1c0d
 def bert_config(cfg: dict) -> TextEncoderConfig:
     "Our encoder's config from a BERT `config.json` (as a dict)."
     cfg = _Fields(cfg)
@@ -302,12 +323,69 @@ FAMILIES = {
              ("transformer.",)),
 }
 
-# %% ../nbs/15_pretrained.ipynb #87eaf251
+# %% ../nbs/15_pretrained.ipynb #e78f003b
 def _token_text(value) -> str | None:
     "A special token as tokenizer_config.json writes it: a string or {'content': ...}."
     return value.get("content") if isinstance(value, dict) else value
 
 
+def _check_specials(backend, tokens: dict, chat_template) -> None:
+    "Each special token a string of the vocabulary; the chat template a string."
+    for name, tok in tokens.items():
+        if tok is not None and not isinstance(tok, str):
+            raise ValueError(f"the {name} token must be a string, got {tok!r:.60}")
+        if tok is not None and backend.token_to_id(tok) is None:
+            raise ValueError(f"the {name} token {tok!r} is not in the vocabulary")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise ValueError(f"the chat template must be a string, got "
+                         f"{type(chat_template).__name__}")
+
+
+def _read_backend(folder: Path):
+    "tokenizer.json as a `tokenizers.Tokenizer`."
+    from tokenizers import Tokenizer as Backend
+    try:  # the tokenizers library raises its own exception type
+        return Backend.from_file(str(folder / "tokenizer.json"))
+    except Exception as e:
+        raise ValueError(f"{folder / 'tokenizer.json'} is not a readable "
+                         f"tokenizer: {str(e)[:200]}") from None
+
+
+def _read_template(template: Path) -> str:
+    try:
+        return template.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{template} is not UTF-8 text: {e}") from None
+
+
+def _check_text(text) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+
+
+def _check_texts(texts) -> None:
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+        raise TypeError(f"texts must be a list of strings, got {texts!r:.60}")
+    if not texts:
+        raise ValueError("texts must hold at least one string, got none")
+
+
+def _check_messages(chat_template, messages) -> None:
+    if chat_template is None:
+        raise ValueError("this tokenizer has no chat template")
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(f"messages must be a list of dicts, got "
+                        f"{type(messages).__name__}")
+    if not all(isinstance(m, dict) and {"role", "content"} <= m.keys()
+               for m in messages):
+        raise ValueError("messages must be dicts with 'role' and 'content'")
+
+
+def _template_refuses(message):
+    "What a template's `raise_exception(...)` raises."
+    raise ValueError(f"the chat template refused the messages: {message}")
+
+# %% ../nbs/15_pretrained.ipynb #87eaf251
 class PretrainedTokenizer:
     """Text ↔ token ids for a pretrained model (a `tokenizers.Tokenizer` inside), with
     its special tokens and its chat template."""
@@ -319,14 +397,7 @@ class PretrainedTokenizer:
         backend.no_padding()  # `encode_batch` pads a batch to its longest text
         backend.no_truncation()  # a text too long for the model is refused by it
         self.bos, self.eos, self.pad = bos, eos, pad
-        for name, tok in (("bos", bos), ("eos", eos), ("pad", pad)):
-            if tok is not None and not isinstance(tok, str):
-                raise ValueError(f"the {name} token must be a string, got {tok!r:.60}")
-            if tok is not None and backend.token_to_id(tok) is None:
-                raise ValueError(f"the {name} token {tok!r} is not in the vocabulary")
-        if chat_template is not None and not isinstance(chat_template, str):
-            raise ValueError(f"the chat template must be a string, got "
-                             f"{type(chat_template).__name__}")
+        _check_specials(backend, {"bos": bos, "eos": eos, "pad": pad}, chat_template)
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -339,23 +410,14 @@ class PretrainedTokenizer:
     @classmethod
     def from_folder(cls, folder) -> PretrainedTokenizer:
         "From tokenizer.json and, if present, tokenizer_config.json."
-        from tokenizers import Tokenizer as Backend
         folder = Path(folder)
-        try:  # the tokenizers library raises its own exception type
-            backend = Backend.from_file(str(folder / "tokenizer.json"))
-        except Exception as e:
-            raise ValueError(f"{folder / 'tokenizer.json'} is not a readable "
-                             f"tokenizer: {str(e)[:200]}") from None
+        backend = _read_backend(folder)
         extra = folder / "tokenizer_config.json"
         cfg = {} if not extra.is_file() else parse_json_object(extra.read_bytes(),
                                                                str(extra))
-        template = folder / "chat_template.jinja"  # where transformers >= 4.43 saves it
-        chat = cfg.get("chat_template")
-        if template.is_file():
-            try:
-                chat = template.read_text(encoding="utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{template} is not UTF-8 text: {e}") from None
+        template = folder / "chat_template.jinja"  # the template in a file of its own
+        chat = (_read_template(template) if template.is_file()
+                else cfg.get("chat_template"))
         with name_in_errors(extra):
             return cls(backend, *(_token_text(cfg.get(f"{k}_token")) for k in
                                   ("bos", "eos", "pad")), chat)
@@ -363,8 +425,7 @@ class PretrainedTokenizer:
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
         """Token ids of `text`: with `special_tokens`, the model's own additions ([CLS]
         ... [SEP] for BERT, BOS where the model wants one)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        _check_text(text)
         ids = self.backend.encode(text, add_special_tokens=special_tokens).ids
         if special_tokens and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
@@ -380,10 +441,7 @@ class PretrainedTokenizer:
         """A batch for an encoder: ids `(B, T)` int64, each text padded on the right
         with the pad token to the longest, and the mask `(B, T)` bool, True at real
         tokens."""
-        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
-            raise TypeError(f"texts must be a list of strings, got {texts!r:.60}")
-        if not texts:
-            raise ValueError("texts must hold at least one string, got none")
+        _check_texts(texts)
         rows = [self.encode(t) for t in texts]
         return pad_ids(rows, self.pad_id if self.pad_id is not None else 0)
 
@@ -391,19 +449,10 @@ class PretrainedTokenizer:
                             add_generation_prompt: bool = True) -> str:
         """The conversation as the model was trained to read it, by the model's own
         Jinja template; `add_generation_prompt` ends with the assistant's turn open."""
-        if self.chat_template is None:
-            raise ValueError("this tokenizer has no chat template")
-        if not isinstance(messages, (list, tuple)):
-            raise TypeError(f"messages must be a list of dicts, got "
-                            f"{type(messages).__name__}")
-        if not all(isinstance(m, dict) and {"role", "content"} <= m.keys()
-                   for m in messages):
-            raise ValueError("messages must be dicts with 'role' and 'content'")
+        _check_messages(self.chat_template, messages)
         from jinja2.sandbox import ImmutableSandboxedEnvironment
-        def fail(message):
-            raise ValueError(f"the chat template refused the messages: {message}")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = fail
+        env.globals["raise_exception"] = _template_refuses
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos or "", eos_token=self.eos or "")
@@ -418,6 +467,31 @@ class Pretrained:
     source: str  # where the weights came from
 
 
+def load_folder(folder, dtype: torch.dtype = torch.float32,
+                max_len: int | None = None) -> Pretrained:
+    """A Hugging Face-format folder (config.json, *.safetensors, and tokenizer.json if
+    present) as our model: BERT-family → `TextEncoder`, Llama and GPT-2 → `GPT`.
+    Everything is checked from the files' headers before the model is built."""
+    folder, config_file = Path(folder), Path(folder) / "config.json"
+    check_float_dtype(dtype)
+    cfg, kind = _read_config(folder, max_len)  # a model_type of FAMILIES
+    cls, make_config, make_rules, prefixes = FAMILIES[kind]
+    with name_in_errors(config_file):
+        config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
+    tokenizer = None  # read first: a bad tokenizer file costs no weights
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = PretrainedTokenizer.from_folder(folder)
+    tensor, shapes = _safetensors(folder)  # the shapes from the headers alone
+    check_layer_count(config_file, config, len(shapes))
+    names = _strip(shapes, prefixes)  # short name -> stored name
+    model, unused = model_from_rules(cls, config, make_rules(config),
+                                     lambda k: tensor(names[k]),
+                                     {k: shapes[v] for k, v in names.items()},
+                                     dtype, f"the safetensors files of {folder}")
+    unused = {names[k]: why for k, why in unused.items()}
+    return Pretrained(model.eval(), tokenizer, unused, str(folder))
+
+# %% ../nbs/15_pretrained.ipynb #e2fbd355
 def _safetensors(folder: Path):
     """(tensor getter, {name: shape}) of a folder's safetensors, one file or shards:
     the shapes from the files' headers, no tensor read."""
@@ -449,13 +523,8 @@ def _strip(keys, prefixes: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def load_folder(folder, dtype: torch.dtype = torch.float32,
-                max_len: int | None = None) -> Pretrained:
-    """A Hugging Face-format folder (config.json, *.safetensors, and tokenizer.json if
-    present) as our model: BERT-family → `TextEncoder`, Llama and GPT-2 → `GPT`.
-    Everything is checked from the files' headers before the model is built."""
-    folder = Path(folder)
-    check_float_dtype(dtype)
+def _read_config(folder: Path, max_len) -> tuple[dict, str]:
+    "config.json as a dict, and its model_type: one we read (shortened only if rotary)."
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")
@@ -464,21 +533,7 @@ def load_folder(folder, dtype: torch.dtype = torch.float32,
     if not isinstance(kind, str) or kind not in FAMILIES:
         raise ValueError(f"model_type {kind!r} in {config_file}; "
                          f"supported: {sorted(FAMILIES)}")
-    cls, make_config, make_rules, prefixes = FAMILIES[kind]
     if max_len is not None and kind != "llama":
         raise ValueError(f"max_len can only shorten rotary models; {kind} has a "
                          f"learned position table of fixed size")
-    with name_in_errors(config_file):
-        config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
-    tokenizer = None  # read first: a bad tokenizer file costs no weights
-    if (folder / "tokenizer.json").is_file():
-        tokenizer = PretrainedTokenizer.from_folder(folder)
-    tensor, shapes = _safetensors(folder)
-    check_layer_count(config_file, config, len(shapes))
-    names = _strip(shapes, prefixes)
-    model, unused = model_from_rules(cls, config, make_rules(config),
-                                     lambda k: tensor(names[k]),
-                                     {k: shapes[v] for k, v in names.items()},
-                                     dtype, f"the safetensors files of {folder}")
-    unused = {names[k]: why for k, why in unused.items()}
-    return Pretrained(model.eval(), tokenizer, unused, str(folder))
+    return cfg, kind

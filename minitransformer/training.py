@@ -28,39 +28,12 @@ from .checks import (
     check_probability, check_tensor, is_integer_tensor, shape_str)
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'learning_rate', 'sequence_loss', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
+__all__ = ['SCHEDULES', 'sequence_loss', 'learning_rate', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
 
-# %% ../nbs/13_training.ipynb #83ab1eea
-SCHEDULES = ("cosine", "constant", "inverse_sqrt")
-
-
-def learning_rate(progress: float,  # fraction of training done, 0..1 (cosine only)
-                  step: int,  # optimizer steps taken so far
-                  lr: float, warmup: int, schedule: str = "cosine",
-                  min_ratio: float = 0.1) -> float:
-    "Linear warm-up, then cosine decay to `min_ratio`·lr, constant, or ∝ 1/√step."
-    check_number(progress, "progress")
-    step = check_int(step, "step", minimum=0)
-    warmup = check_int(warmup, "warmup", minimum=0)
-    lr = check_number(lr, "lr", low=0)
-    check_choice(schedule, "schedule", SCHEDULES)
-    min_ratio = check_probability(min_ratio, "min_ratio")
-    if warmup > 0 and step < warmup:
-        return lr * (step + 1) / warmup
-    if schedule == "constant":
-        return lr
-    if schedule == "inverse_sqrt":  # Vaswani et al.: peak after warm-up, then ∝ 1/√step
-        return lr * math.sqrt(max(warmup, 1) / (step + 1))
-    p = min(max(progress, 0.0), 1.0)
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
-
-
-def sequence_loss(logits: torch.Tensor,  # (..., V)
-                  targets: torch.Tensor,  # (...) token ids
-                  ignore_id: int | None = None,  # a target id that does not count (pad)
-                  label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean cross-entropy over every counted target position (0, still differentiable,
-    when no position counts)."""
+# %% ../nbs/13_training.ipynb #a1b26eda
+def _check_sequence_loss(logits, targets, ignore_id, label_smoothing) -> tuple:
+    """`sequence_loss`'s arguments checked: (the id to ignore, the label smoothing,
+    whether any position counts); raise naming the first bad one."""
     check_tensor(logits, "logits", min_dim=1, floating=True)
     check_tensor(targets, "targets")
     if not is_integer_tensor(targets):
@@ -77,41 +50,59 @@ def sequence_loss(logits: torch.Tensor,  # (..., V)
     if any_bad:  # on CUDA, cross_entropy would stop with a device-side assert
         raise ValueError(f"targets must be token ids in [0, {V}) or ignore_id, got "
                          f"{targets[bad][0].item()}")
+    return ignore, label_smoothing, any_counted
+
+
+def _check_learning_rate(progress, step, lr, warmup, schedule, min_ratio) -> tuple:
+    "`learning_rate`'s arguments checked: (step, lr, warmup, min_ratio), plain values."
+    check_number(progress, "progress")
+    step = check_int(step, "step", minimum=0)
+    warmup = check_int(warmup, "warmup", minimum=0)
+    lr = check_number(lr, "lr", low=0)
+    check_choice(schedule, "schedule", SCHEDULES)
+    return step, lr, warmup, check_probability(min_ratio, "min_ratio")
+
+# %% ../nbs/13_training.ipynb #771e0f04
+def sequence_loss(logits: torch.Tensor,  # (..., V), e.g. (B, T, V)
+                  targets: torch.Tensor,  # (...) token ids, e.g. (B, T)
+                  ignore_id: int | None = None,  # a target id that does not count (pad)
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over every counted target position (0, still differentiable,
+    when no position counts)."""
+    ignore, label_smoothing, any_counted = _check_sequence_loss(
+        logits, targets, ignore_id, label_smoothing)
     if not any_counted:  # torch would give NaN (a mean over nothing)
         return logits.float().sum() * 0.0
+    V = logits.shape[-1]  # B·T rows of V scores, against B·T targets:
     return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1).long(),
                            ignore_index=ignore, label_smoothing=label_smoothing)
 
-# %% ../nbs/13_training.ipynb #7b6be3d9
-@dataclass
-class TrainLog:
-    "What `train` did: loss and rate per step, evaluations, training seconds."
-    steps: int = 0
-    seconds: float = 0.0
-    losses: list = field(default_factory=list)
-    lrs: list = field(default_factory=list)
-    evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
-    skipped: int = 0  # steps with a NaN/inf loss or gradient (on_nonfinite="skip")
+# %% ../nbs/13_training.ipynb #83ab1eea
+SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 
-    def record_step(self, loss: float, rate: float, seconds: float,
-                    log_every: int) -> None:
-        if not isinstance(loss, numbers.Real) or isinstance(loss, bool):
-            raise TypeError(f"loss must be a number (NaN too), got {loss!r}")
-        log_every = check_int(log_every, "log_every", minimum=0)
-        self.losses.append(float(loss))
-        self.lrs.append(rate)
-        if log_every and len(self.losses) % log_every == 0:
-            mean = sum(self.losses[-log_every:]) / log_every
-            print(f"step {len(self.losses):>6}  loss {mean:.4f}  lr {rate:.2e}  "
-                  f"{seconds:6.1f} s", flush=True)
 
-    def record_eval(self, step: int, seconds: float, metrics: dict,
-                    verbose: bool) -> None:
-        self.evals.append((check_int(step, "step", minimum=0), seconds,
-                           _check_metrics(metrics)))
-        if verbose:
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            print(f"  eval @ step {step}: {shown}")
+def learning_rate(progress: float,  # fraction of training done, 0..1 (cosine only)
+                  step: int,  # optimizer steps taken so far
+                  lr: float, warmup: int, schedule: str = "cosine",
+                  min_ratio: float = 0.1) -> float:
+    "Linear warm-up, then cosine decay to `min_ratio`·lr, constant, or ∝ 1/√step."
+    step, lr, warmup, min_ratio = _check_learning_rate(progress, step, lr, warmup,
+                                                       schedule, min_ratio)
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    if schedule == "inverse_sqrt":  # Vaswani et al.: peak after warm-up, then ∝ 1/√step
+        return lr * math.sqrt(max(warmup, 1) / (step + 1))
+    p = min(max(progress, 0.0), 1.0)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+
+# %% ../nbs/13_training.ipynb #155ba2f6
+def _check_record(loss, log_every) -> int:
+    "`TrainLog.record_step`'s arguments checked: `log_every` as an int."
+    if not isinstance(loss, numbers.Real) or isinstance(loss, bool):
+        raise TypeError(f"loss must be a number (NaN too), got {loss!r}")
+    return check_int(log_every, "log_every", minimum=0)
 
 
 def _check_metrics(metrics, name: str = "metrics") -> dict:
@@ -151,18 +142,52 @@ def _load(params: list, values: list) -> None:
     for p, v in zip(params, values):
         p.copy_(v)
 
+
+def _check_params(params) -> list:
+    "`WeightAverage`'s `params` checked: a list of floating-point tensors."
+    if isinstance(params, (nn.Module, torch.Tensor)) or not hasattr(params, "__iter__"):
+        raise TypeError(f"params must be a list of tensors (e.g. "
+                        f"list(model.parameters())), got {type(params).__name__}")
+    params = list(params)
+    for i, p in enumerate(params):
+        check_tensor(p, f"params[{i}]", floating=True)
+    return params
+
+# %% ../nbs/13_training.ipynb #7b6be3d9
+@dataclass
+class TrainLog:
+    "What `train` did: loss and rate per step, evaluations, training seconds."
+    steps: int = 0
+    seconds: float = 0.0
+    losses: list = field(default_factory=list)
+    lrs: list = field(default_factory=list)
+    evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
+    skipped: int = 0  # steps with a NaN/inf loss or gradient (on_nonfinite="skip")
+
+    def record_step(self, loss: float, rate: float, seconds: float,
+                    log_every: int) -> None:
+        log_every = _check_record(loss, log_every)
+        self.losses.append(float(loss))
+        self.lrs.append(rate)
+        if log_every and len(self.losses) % log_every == 0:
+            mean = sum(self.losses[-log_every:]) / log_every
+            print(f"step {len(self.losses):>6}  loss {mean:.4f}  lr {rate:.2e}  "
+                  f"{seconds:6.1f} s", flush=True)
+
+    def record_eval(self, step: int, seconds: float, metrics: dict,
+                    verbose: bool) -> None:
+        self.evals.append((check_int(step, "step", minimum=0), seconds,
+                           _check_metrics(metrics)))
+        if verbose:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            print(f"  eval @ step {step}: {shown}")
+
 # %% ../nbs/13_training.ipynb #acce972e
 class WeightAverage:
     "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
 
     def __init__(self, params: list, decay: float, name: str = "decay"):
-        if isinstance(params, (nn.Module, torch.Tensor)) or not hasattr(
-                params, "__iter__"):
-            raise TypeError(f"params must be a list of tensors (e.g. "
-                            f"list(model.parameters())), got {type(params).__name__}")
-        self.params = list(params)
-        for i, p in enumerate(self.params):
-            check_tensor(p, f"params[{i}]", floating=True)
+        self.params = _check_params(params)
         self.decay = check_probability(decay, name, allow_zero=False, allow_one=False)
         self.average = [p.detach().float().clone() for p in self.params]
 
@@ -182,31 +207,6 @@ class WeightAverage:
             yield
         finally:  # also after an error or Ctrl-C inside the block
             _load(self.params, live)
-
-
-def _evaluate(model: nn.Module, eval_fn: Callable,
-              average: WeightAverage | None) -> dict:
-    "`eval_fn`'s metrics in eval mode; with `average`, also the averaged weights' ones."
-    model.eval()
-    try:
-        metrics = _check_metrics(eval_fn(model), "eval_fn's result")
-        if average is not None:
-            with average.swapped_in():
-                metrics |= {f"ema {k}": v
-                            for k, v in _check_metrics(eval_fn(model),
-                                                       "eval_fn's result").items()}
-    finally:
-        model.train()
-    return metrics
-
-
-def _adamw(params: list, lr: float, betas: tuple,
-           weight_decay: float) -> torch.optim.AdamW:
-    "AdamW with weight decay on matrices only (not on biases, norm gains, vectors)."
-    groups = [{"params": [p for p in params if p.dim() >= 2],
-               "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
 # %% ../nbs/13_training.ipynb #0ba7615a
 def _train_state(model: nn.Module, opt: torch.optim.Optimizer,
@@ -300,12 +300,10 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                         "wraps it in DistributedDataParallel")
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model has no trainable parameters (requires_grad=True)")
-    for name, fn in (("next_batch", next_batch), ("loss_fn", loss_fn)):
-        if not callable(fn):
-            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-    if eval_fn is not None and not callable(eval_fn):
-        raise TypeError(f"eval_fn must be callable or None, got "
-                        f"{type(eval_fn).__name__}")
+    for name, fn, alt in (("next_batch", next_batch, ""), ("loss_fn", loss_fn, ""),
+                          ("eval_fn", eval_fn, " or None")):
+        if not (callable(fn) or alt and fn is None):
+            raise TypeError(f"{name} must be callable{alt}, got {type(fn).__name__}")
     if steps is None and max_seconds is None:
         raise ValueError("give steps, max_seconds or both")
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
@@ -402,6 +400,30 @@ def _nonfinite(model: nn.Module, log: TrainLog, values: list, policy: str) -> No
         f"step {log.steps}: the loss is {values[0]} and the gradient norm "
         f"{values[1]}; this step changed no weight (train(..., on_nonfinite='skip') "
         "skips such steps instead)")
+
+
+def _evaluate(model: nn.Module, eval_fn: Callable,
+              average: WeightAverage | None) -> dict:
+    "`eval_fn`'s metrics in eval mode; with `average`, also the averaged weights' ones."
+    model.eval()
+    try:
+        metrics = _check_metrics(eval_fn(model), "eval_fn's result")
+        if average is not None:
+            with average.swapped_in():
+                ema = _check_metrics(eval_fn(model), "eval_fn's result")
+            metrics |= {f"ema {k}": v for k, v in ema.items()}
+    finally:
+        model.train()
+    return metrics
+
+
+def _adamw(params: list, lr: float, betas: tuple,
+           weight_decay: float) -> torch.optim.AdamW:
+    "AdamW with weight decay on matrices only (not on biases, norm gains, vectors)."
+    groups = [{"params": [p for p in params if p.dim() >= 2],
+               "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
 # %% ../nbs/13_training.ipynb #c4d2e8a7
 def train(model: nn.Module,

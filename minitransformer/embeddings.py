@@ -77,8 +77,8 @@ def _check_pad_args(rows, pad_id, left) -> list[list[int]]:
 
 
 def check_id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]:
-    """`ids` (ints, or a 0-D/1-D integer tensor) as a list of plain ints, each in
-    `[0, vocab_size)` if a `vocab_size` is given; else raise naming `name`. The one
+    """`ids` (ints, or a 0-D/1-D integer tensor) as a list of plain ints, each >= 0
+    and below `vocab_size` if one is given; else raise naming `name`. The one
     check of token ids given as Python ints (`check_token_ids` checks a tensor's)."""
     if isinstance(ids, torch.Tensor):
         if not is_integer_tensor(ids):
@@ -95,9 +95,10 @@ def check_id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list
         if type(i) is not int and (not isinstance(i, numbers.Integral)
                                    or isinstance(i, bool)):
             raise TypeError(f"{name} must be ints, got {i!r} ({type(i).__name__})")
-        if vocab_size is not None and not 0 <= i < vocab_size:
-            raise ValueError(f"{name}: token id {i!r} is outside the vocabulary of "
-                             f"{vocab_size} tokens (ids 0..{vocab_size - 1})")
+        if i < 0 or vocab_size is not None and i >= vocab_size:
+            raise ValueError(f"{name}: token id {i!r} is " + (
+                "negative" if vocab_size is None else f"outside the vocabulary of "
+                f"{vocab_size} tokens (ids 0..{vocab_size - 1})"))
     return [int(i) for i in ids]  # (NumPy and torch integers become plain ints)
 
 # %% ../nbs/02_embeddings.ipynb #e63a56ca

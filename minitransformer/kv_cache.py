@@ -60,9 +60,9 @@ class KVCache:
         """Append `k`, `v` of shape `(B, H_kv, T, D)`; return every stored key and
         value (in a `DecoderCache`: the stack's length advances after the call)."""
         past = self.length if self.stack is None else self.stack.length
-        T = k.shape[2]
         if not door.checked:  # (appendix D: checked once, at the door)
             _check_update(self, past, k, v)  # alone; k, v fit the buffers and the room
+        T = k.shape[2]
         # written in place: no torch.cat, no new memory
         self.k[:, :, past : past + T] = k
         self.v[:, :, past : past + T] = v

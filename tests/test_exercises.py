@@ -54,6 +54,27 @@ def _mask(T, S, diag=None, polarity=True, dtype=torch.bool):
     return (m if polarity else ~m).to(dtype)
 
 
+def _count(V, T, C, L):
+    return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def _next_token_loss(logits, ids):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
+def _pool(h, m, normalize=True):
+    w = m.unsqueeze(-1).float()
+    mean = (h * w).sum(1) / w.sum(1).clamp(min=1)
+    return F.normalize(mean, dim=-1) if normalize else mean
+
+
+def _q8_0(raw, signed=True, scaled=True):
+    blocks = raw.view(-1, 34)
+    d = blocks[:, :2].contiguous().view(torch.float16).float() if scaled else 1.0
+    q = blocks[:, 2:].contiguous()
+    return (d * (q.view(torch.int8) if signed else q).float()).flatten()
+
+
 CASES = [  # checker, a right answer, [(a wrong answer, words its sentence must contain)]
     (E.check_softmax, _softmax, [
         (lambda s: s.exp() / s.exp().sum(-1, keepdim=True), "overflows"),
@@ -98,6 +119,27 @@ CASES = [  # checker, a right answer, [(a wrong answer, words its sentence must 
         (lambda kc, vc, q, k, v: _step(kc, vc, q, k, v, past_only=True), "only to the past"),
         (lambda kc, vc, q, k, v: (_attention(q, torch.cat([kc, k], -2), torch.cat([vc, v], -2)),
                                   torch.cat([k, kc], -2), torch.cat([v, vc], -2)), "before the past")]),
+    (E.check_parameter_count, _count, [
+        (lambda V, T, C, L: _count(V, T, C, L) + V * C, "tied"),
+        (lambda V, T, C, L: _count(V, T, C, L) - T * C, "learned positions"),
+        (lambda V, T, C, L: _count(V, T, C, L) - 2 * C, "final norm"),
+        (lambda V, T, C, L: float(_count(V, T, C, L)), "not an int")]),
+    (E.check_next_token_loss, _next_token_loss, [
+        (lambda lg, ids: F.cross_entropy(lg.flatten(0, 1), ids.flatten()), "own token"),
+        (lambda lg, ids: F.cross_entropy(lg[:, 1:].flatten(0, 1), ids[:, :-1].flatten()),
+         "wrong way"),
+        (lambda lg, ids: F.cross_entropy(lg[:, :-1].flatten(0, 1), ids[:, 1:].flatten(),
+                                         reduction="sum"), "summed")]),
+    (E.check_shard, lambda b, r, w: b[r * (len(b) // w): (r + 1) * (len(b) // w)], [
+        (lambda b, r, w: b[r::w], "round-robin"),
+        (lambda b, r, w: b[(r + 1) * (len(b) // w): (r + 2) * (len(b) // w)], "one rank off")]),
+    (E.check_mean_pool, _pool, [
+        (lambda h, m: F.normalize(h.mean(1), dim=-1), "padding too"),
+        (lambda h, m: _pool(h, m, normalize=False), "length 1"),
+        (lambda h, m: F.normalize(h[:, 0], dim=-1), "first token")]),
+    (E.check_q8_0, _q8_0, [
+        (lambda raw: _q8_0(raw, signed=False), "unsigned"),
+        (lambda raw: _q8_0(raw, scaled=False), "left out the scale")]),
     (E.check_lora, _lora, [
         (lambda x, W, b, A, B, alpha: _lora(x, W, b, A, B, alpha, scale_by_r=False), "alpha / r"),
         (lambda x, W, b, A, B, alpha: x @ W.T + b, "no update")]),

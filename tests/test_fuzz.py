@@ -100,7 +100,9 @@ EXEMPT = {
        "answers for each checker are in tests/test_exercises.py" for name in (
         "ExerciseError", "check_softmax", "check_embedding", "check_projections",
         "check_attention", "check_split_heads", "check_feedforward", "check_rope",
-        "check_causal_mask", "check_layer_norm", "check_cache_step", "check_lora")},
+        "check_causal_mask", "check_layer_norm", "check_cache_step", "check_lora",
+        "check_parameter_count", "check_next_token_loss", "check_shard", "check_mean_pool",
+        "check_q8_0")},
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
            "fill", "check_rules", "model_from_rules", "load_folder", "PretrainedTokenizer",
@@ -606,6 +608,9 @@ def _(data):
     if p.status == VALID and (x.dim() < max(min_dim, 1) or not x.is_floating_point()
                               or x.shape[-1] != width):
         p.mark(BAD, ["probe"], f"x {fmt(x)} fails width={width} min_dim={min_dim}")
+    elif isinstance(x, torch.Tensor) and (not x.is_floating_point() or (
+            type(min_dim) is int and x.dim() < max(min_dim, 1))):
+        p.mark(BAD, ["probe"], f"x {fmt(x)} is refused before width is read")
     out = p.run(lambda: p.call("check_width", core.check_width, x, "probe", width, owner,
                                min_dim=min_dim))
     if ok(out):
@@ -1167,7 +1172,7 @@ def _(data):
     H = p.value("n_heads", st.sampled_from([1, 2, 3, 4]), POS_INT_BAD)
     H_kv = p.value("n_kv_heads", st.one_of(st.none(), st.sampled_from([1, 2, 3, 4])),
                    OPT_POS_INT_BAD)
-    if p.status == VALID and C % H:
+    if (p.status == VALID or p.hit("n_kv_heads")) and C % H:  # checked before n_kv_heads
         p.mark(BAD, ["d_model", "n_heads"], f"n_heads={H} does not divide d_model={C}")
     if p.status == VALID and H_kv is not None and H % H_kv:
         p.mark(BAD, ["n_kv_heads", "n_heads"], f"n_kv_heads={H_kv} does not divide {H}")

@@ -9,6 +9,7 @@ import torch
 
 from .attention import scaled_dot_product_attention
 from .distributed import shard_batch
+from .generation import _nucleus
 from .lora import LoRALinear
 from .masks import causal_mask
 from .mixing import softmax
@@ -20,8 +21,8 @@ from .training import sequence_loss
 # %% auto #0
 __all__ = ['ExerciseError', 'check_softmax', 'check_embedding', 'check_projections', 'check_attention', 'check_split_heads',
            'check_feedforward', 'check_rope', 'check_causal_mask', 'check_layer_norm', 'check_cache_step',
-           'check_parameter_count', 'check_next_token_loss', 'check_shard', 'check_mean_pool', 'check_q8_0',
-           'check_lora']
+           'check_parameter_count', 'check_top_p', 'check_next_token_loss', 'check_shard', 'check_mean_pool',
+           'check_q8_0', 'check_lora']
 
 # %% ../nbs/94_exercises.ipynb #c1353174
 class ExerciseError(AssertionError):
@@ -386,6 +387,46 @@ def check_parameter_count(fn) -> None:
             raise ExerciseError(hints.get(got, f"your count is {got:,}; the model has "
                                                f"{want:,}") + f" (on {case})")
     _passed("parameter count", len(sizes))
+
+# %% ../nbs/94_exercises.ipynb #53ac5648
+@_own_randomness
+def check_top_p(fn) -> None:
+    """Check `fn(logits, p)`: the scores `(B, V)` with -inf for every token outside the
+    nucleus — in each row, the fewest most likely tokens whose softmax probabilities
+    add up to at least `p` (`0 < p < 1`) — against the filter `sample_next` applies."""
+    g = torch.Generator().manual_seed(12)
+    chapter = torch.tensor([[3.0, 2.2, 1.5, 1.0, 0.2, -0.5, -1.0, -2.0]])
+    cases = [(chapter, 0.8), (chapter, 0.5)]
+    for (B, V), p in [((3, 11), 0.5), ((2, 50), 0.9), ((4, 6), 0.05), ((2, 1), 0.3)]:
+        cases.append((torch.randn(B, V, generator=g) * 2, p))
+    top_k = torch.randn(2, 9, generator=g)
+    cases.append((top_k.masked_fill(top_k < top_k.topk(4).values[:, -1:], -torch.inf),
+                  0.7))  # scores that top-k has already cut
+    for logits, p in cases:
+        case = f"logits {_shape(logits)}, p = {p}"
+        got = _call(fn, "top-p filter", (logits.clone(), p), case)
+        want = _nucleus(logits, p)
+        probs = logits.softmax(-1)
+        in_order = probs.cumsum(-1) - probs < p  # summed in token order
+        sure = probs.sort(-1, descending=True)
+        within = torch.zeros_like(probs, dtype=torch.bool).scatter(
+            -1, sure.indices, sure.values.cumsum(-1) <= p)  # stops short of p
+        ranked = logits.sort(-1, descending=True)
+        scores = torch.zeros_like(probs, dtype=torch.bool).scatter(
+            -1, ranked.indices, ranked.values.cumsum(-1) - ranked.values < p)
+        _compare(got, want, "top-p filter", case, [
+            (want.softmax(-1), "you returned probabilities; return the scores, with "
+                               "-inf for every token outside the nucleus"),
+            (want.masked_fill(want == -torch.inf, 0.0), "you set the dropped scores to "
+             "0; they must be -inf, so that softmax gives them probability 0"),
+            (logits.masked_fill(~within, -torch.inf), "you kept only the tokens whose "
+             "running sum stays within p; the nucleus also keeps the token that "
+             "reaches p"),
+            (logits.masked_fill(~in_order, -torch.inf), "you added up the "
+             "probabilities in token order; add them from the most likely token down"),
+            (logits.masked_fill(~scores, -torch.inf), "you added up the scores; add up "
+             "their softmax probabilities")])
+    _passed("top-p filter", len(cases))
 
 # %% ../nbs/94_exercises.ipynb #7242792e
 @_own_randomness

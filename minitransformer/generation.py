@@ -76,16 +76,21 @@ def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): k-th largest score
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V) each
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # mass of the more likely tokens
-        drop = before >= top_p  # the most likely token always stays
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        unsorted = torch.full_like(logits, float("-inf"))
-        logits = unsorted.scatter(-1, order, sorted_logits)  # back in token order
+        logits = _nucleus(logits, top_p)
     probs = logits.softmax(-1)  # (B, V)
     nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return torch.where(finite[:, 0], nxt, -1)
+
+
+def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    "Top-p: `logits` `(B, V)` with -inf for every token outside the nucleus."
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V) each
+    probs = sorted_logits.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+    drop = before >= top_p  # the most likely token always stays
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    unsorted = torch.full_like(logits, float("-inf"))
+    return unsorted.scatter(-1, order, sorted_logits)  # back in token order
 
 # %% ../nbs/12_generation.ipynb #09ca70f9
 def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:

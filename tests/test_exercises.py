@@ -35,6 +35,14 @@ def _rope(x, pos, shift=0, pairs=False):
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
 
 
+def _top_p(logits, p, within=False, in_order=False, on_scores=False):
+    x = logits if on_scores else logits.softmax(-1)
+    x, order = (x, torch.arange(x.shape[-1]).expand_as(x)) if in_order else x.sort(-1, descending=True)
+    keep = x.cumsum(-1) <= p if within else x.cumsum(-1) - x < p
+    keep = torch.zeros_like(keep).scatter(-1, order, keep)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
 def _ln(x, eps, unbiased=False):
     return (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, unbiased=unbiased) + eps).sqrt()
 
@@ -124,6 +132,12 @@ CASES = [  # checker, a right answer, [(a wrong answer, words its sentence must 
         (lambda V, T, C, L: _count(V, T, C, L) - T * C, "learned positions"),
         (lambda V, T, C, L: _count(V, T, C, L) - 2 * C, "final norm"),
         (lambda V, T, C, L: float(_count(V, T, C, L)), "not an int")]),
+    (E.check_top_p, _top_p, [
+        (lambda lg, p: _top_p(lg, p, within=True), "reaches p"),
+        (lambda lg, p: _top_p(lg, p, in_order=True), "token order"),
+        (lambda lg, p: _top_p(lg, p, on_scores=True), "added up the scores"),
+        (lambda lg, p: _top_p(lg, p).softmax(-1), "returned probabilities"),
+        (lambda lg, p: _top_p(lg, p).nan_to_num(neginf=0.0), "must be -inf")]),
     (E.check_next_token_loss, _next_token_loss, [
         (lambda lg, ids: F.cross_entropy(lg.flatten(0, 1), ids.flatten()), "own token"),
         (lambda lg, ids: F.cross_entropy(lg[:, 1:].flatten(0, 1), ids[:, :-1].flatten()),

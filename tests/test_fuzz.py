@@ -102,7 +102,7 @@ EXEMPT = {
         "check_attention", "check_split_heads", "check_feedforward", "check_rope",
         "check_causal_mask", "check_layer_norm", "check_cache_step", "check_lora",
         "check_parameter_count", "check_next_token_loss", "check_shard", "check_mean_pool",
-        "check_q8_0")},
+        "check_q8_0", "check_top_p")},
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/test_pretrained.py)" for name in (
            "fill", "check_rules", "model_from_rules", "load_folder", "PretrainedTokenizer",

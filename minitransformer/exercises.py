@@ -9,7 +9,7 @@ import torch
 
 from .attention import scaled_dot_product_attention
 from .distributed import shard_batch
-from .generation import _nucleus
+from .generation import top_p_filter
 from .lora import LoRALinear
 from .masks import causal_mask
 from .mixing import softmax
@@ -393,7 +393,7 @@ def check_parameter_count(fn) -> None:
 def check_top_p(fn) -> None:
     """Check `fn(logits, p)`: the scores `(B, V)` with -inf for every token outside the
     nucleus — in each row, the fewest most likely tokens whose softmax probabilities
-    add up to at least `p` (`0 < p < 1`) — against the filter `sample_next` applies."""
+    add up to at least `p` (`0 < p < 1`) — against `generation.top_p_filter`."""
     g = torch.Generator().manual_seed(12)
     chapter = torch.tensor([[3.0, 2.2, 1.5, 1.0, 0.2, -0.5, -1.0, -2.0]])
     cases = [(chapter, 0.8), (chapter, 0.5)]
@@ -405,7 +405,7 @@ def check_top_p(fn) -> None:
     for logits, p in cases:
         case = f"logits {_shape(logits)}, p = {p}"
         got = _call(fn, "top-p filter", (logits.clone(), p), case)
-        want = _nucleus(logits, p)
+        want = top_p_filter(logits, p)
         probs = logits.softmax(-1)
         in_order = probs.cumsum(-1) - probs < p  # summed in token order
         sure = probs.sort(-1, descending=True)

@@ -12,7 +12,7 @@ from .embeddings import check_id_list, pad_ids
 from .model import GPT, Transformer
 
 # %% auto #0
-__all__ = ['sample_next', 'generate']
+__all__ = ['sample_next', 'top_p_filter', 'generate']
 
 # %% ../nbs/12_generation.ipynb #4bd094e0
 _NOT_FINITE = ("logits must have a finite largest score in every row, got NaN, +inf "
@@ -31,12 +31,17 @@ def _check_sampling(temperature, top_k, top_p, generator) -> float:
     return check_number(temperature, "temperature", low=0)
 
 
-def _check_sample_next(logits, temperature, top_k, top_p, generator) -> float:
-    "Check `sample_next`'s arguments; return the temperature as a float."
-    temperature = _check_sampling(temperature, top_k, top_p, generator)
+def _check_logits(logits) -> None:
+    "Scores `(B, V)`, floating, `V >= 1`; else raise naming them."
     check_tensor(logits, "logits", floating=True)
     if logits.dim() != 2 or logits.shape[-1] == 0:
         raise ValueError(f"logits must be (B, V), V >= 1, got {shape_str(logits)}")
+
+
+def _check_sample_next(logits, temperature, top_k, top_p, generator) -> float:
+    "Check `sample_next`'s arguments; return the temperature as a float."
+    temperature = _check_sampling(temperature, top_k, top_p, generator)
+    _check_logits(logits)
     return temperature
 
 
@@ -80,6 +85,16 @@ def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor
     probs = logits.softmax(-1)  # (B, V)
     nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return torch.where(finite[:, 0], nxt, -1)
+
+
+def top_p_filter(logits: torch.Tensor,  # (B, V) scores, finite or -inf
+                 top_p: float,  # the fewest most likely tokens whose mass reaches p
+                 ) -> torch.Tensor:  # (B, V): -inf outside the nucleus
+    "Top-p (nucleus) filtering of each row's scores, as `sample_next` applies it."
+    if not door.checked:  # (appendix D: checked once, at the door)
+        _check_logits(logits)
+        check_probability(top_p, "top_p", allow_zero=False)
+    return _nucleus(logits, top_p) if top_p < 1.0 else logits
 
 
 def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -2674,6 +2674,31 @@ def _(data):
                 assert torch.equal(picked[:, 0], logits.float().max(-1).values)
 
 
+@case("generation.top_p_filter", examples=50)
+def _(data):
+    gen = _mod("generation")
+    p = Probe(data, ["logits", "top_p"])
+    B, V = p.draw(st.integers(1, 3), label="B"), p.draw(st.integers(1, 20), label="V")
+    dtype = p.draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), label="dtype")
+    logits = floats(p, (B, V), dtype, "logits")
+    if p.draw(st.booleans(), label="some -inf"):
+        logits[:, 1:] = logits[:, 1:].masked_fill(bools(p, (B, V - 1), "-inf"), -inf)
+    logits = p.tensor("logits", logits, {
+        "long": BAD, "list": BAD, "flat": BAD, "unsqueeze": BAD, "noncontig": VALID,
+        "b0": EDGE, "no_vocab": (BAD, lambda t: t[:, :0])})
+    top_p = p.value("top_p", st.sampled_from([1.0, 0.9, 0.5, 1e-6]),
+                    (0.0, -0.5, 1.5, nan, "0.9", True, None))
+    out = p.run(lambda: p.call("top_p_filter", gen.top_p_filter, logits, top_p))
+    if ok(out):
+        expect_tensor(out, tuple(logits.shape), logits.dtype)
+        kept = out > -inf
+        # a kept score is unchanged; every row with a finite score keeps its largest
+        assert torch.equal(out[kept], logits[kept])
+        if p.finite and logits.numel():
+            rows = torch.isfinite(logits).any(-1)
+            assert torch.equal(out.float().amax(-1)[rows], logits.float().amax(-1)[rows])
+
+
 def _tiny_model(p, encdec, max_len=8):
     model = _mod("model")
     if encdec:

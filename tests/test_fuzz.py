@@ -2638,15 +2638,21 @@ def _(data):
 
 # ================================================================== generation
 
-@case("generation.sample_next", examples=50)
-def _(data):
-    gen = _mod("generation")
-    p = Probe(data, ["logits", "temperature", "top_k", "top_p", "generator"])
+def next_token_scores(p):
+    "Scores `(B, V)` for the next token, in float32, float16 or bfloat16, some of them -inf."
     B, V = p.draw(st.integers(1, 3), label="B"), p.draw(st.integers(1, 20), label="V")
     dtype = p.draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), label="dtype")
     logits = floats(p, (B, V), dtype, "logits")
     if p.draw(st.booleans(), label="some -inf"):
         logits[:, 1:] = logits[:, 1:].masked_fill(bools(p, (B, V - 1), "-inf"), -inf)
+    return logits
+
+
+@case("generation.sample_next", examples=50)
+def _(data):
+    gen = _mod("generation")
+    p = Probe(data, ["logits", "temperature", "top_k", "top_p", "generator"])
+    logits = next_token_scores(p)
     logits = p.tensor("logits", logits, {
         "long": BAD, "list": BAD, "flat": BAD, "unsqueeze": BAD, "nan": BAD,
         "all_neginf": (BAD, lambda t: torch.full_like(t, -inf)), "noncontig": VALID,
@@ -2678,11 +2684,7 @@ def _(data):
 def _(data):
     gen = _mod("generation")
     p = Probe(data, ["logits", "top_p"])
-    B, V = p.draw(st.integers(1, 3), label="B"), p.draw(st.integers(1, 20), label="V")
-    dtype = p.draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), label="dtype")
-    logits = floats(p, (B, V), dtype, "logits")
-    if p.draw(st.booleans(), label="some -inf"):
-        logits[:, 1:] = logits[:, 1:].masked_fill(bools(p, (B, V - 1), "-inf"), -inf)
+    logits = next_token_scores(p)
     logits = p.tensor("logits", logits, {
         "long": BAD, "list": BAD, "flat": BAD, "unsqueeze": BAD, "noncontig": VALID,
         "b0": EDGE, "no_vocab": (BAD, lambda t: t[:, :0])})

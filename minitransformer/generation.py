@@ -3,16 +3,24 @@
 # %% ../nbs/12_generation.ipynb #95ed2390
 from __future__ import annotations
 
+import contextlib
+import functools
+import statistics
+import time
+
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
     check_tensor, door, inside, shape_str)
 from .embeddings import check_id_list, pad_ids
+from .layers import DecoderLayer
 from .model import GPT, Transformer
 
 # %% auto #0
-__all__ = ['sample_next', 'top_p_filter', 'generate']
+__all__ = ['sample_next', 'top_p_filter', 'generate', 'read_bandwidth']
 
 # %% ../nbs/12_generation.ipynb #4bd094e0
 _NOT_FINITE = ("logits must have a finite largest score in every row, got NaN, +inf "
@@ -230,38 +238,131 @@ def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
     "`generate`'s loop, on arguments it has checked: one host read per token."
     encdec, static, B = memory is not None, backend is not None, len(ids)
     eager = model.decode if encdec else model.forward
-    # compiled once for the one-token steps (the prompt runs eagerly)
-    step = torch.compile(eager, backend=backend) if static else eager
+    step, compiled = eager, contextlib.nullcontext()  # the prompt always runs eagerly
+    if static and _REGIONAL:  # each layer's one-token steps: one region, compiled once
+        compiled = _compiled_layers(model, cache, backend)
+    elif static:  # (torch < 2.5) the whole one-token step as one graph
+        step = torch.compile(eager, backend=backend)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
     done, out = [False] * B, [[] for _ in range(B)]
-    for t in range(P, total):
-        one = cache is not None and t > P  # the newest token alone, after the cache
-        lo = t - 1 if one else 0
-        kw = dict(positions=positions[:, lo:t], cache=cache)
-        if one and not encdec and (padded or static):  # its row of the mask: a view
-            kw["full_attention_mask"] = real4 if static else real4[..., :t]
-        elif padded or (static and encdec):  # the prompt (or all again): built once
-            kw["attention_mask"] = real if static else real[:, :t]
-        door.no_empty_rows = one and sees  # (a padded prompt may have empty rows)
-        try:
-            run = step if one else eager
-            if encdec:  # with a cache, the encoder output is already in it
-                mem = None if cache is not None else memory
-                logits = run(ids[:, lo:t], mem, source_mask, **kw)
-            else:
-                logits = run(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
-        finally:
-            door.no_empty_rows = False
-        nxt = _sample(logits[:, -1], *sampling)  # (B,), -1 where the logits are bad
-        tokens = nxt.tolist()  # the one transfer of the step
-        if min(tokens) < 0:
-            _raise_not_finite()
-        for b, token in enumerate(tokens):
-            if not done[b]:
-                done[b] = token == stop_token
+    with compiled:
+        for t in range(P, total):
+            one = cache is not None and t > P  # the newest token alone, after cache
+            lo = t - 1 if one else 0
+            kw = dict(positions=positions[:, lo:t], cache=cache)
+            if one and not encdec and (padded or static):  # its mask row: a view
+                kw["full_attention_mask"] = real4 if static else real4[..., :t]
+            elif padded or (static and encdec):  # the prompt (or all): built once
+                kw["attention_mask"] = real if static else real[:, :t]
+            door.no_empty_rows = one and sees  # (padded prompts: rows may be empty)
+            try:
+                run = step if one else eager
+                if encdec:  # with a cache, the encoder output is already in it
+                    mem = None if cache is not None else memory
+                    logits = run(ids[:, lo:t], mem, source_mask, **kw)
+                else:
+                    logits = run(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
+            finally:
+                door.no_empty_rows = False
+            nxt = _sample(logits[:, -1], *sampling)  # (B,), -1 where logits are bad
+            tokens = nxt.tolist()  # the one transfer of the step
+            if min(tokens) < 0:
+                _raise_not_finite()
+            for b, token in enumerate(tokens):
                 if not done[b]:
-                    out[b].append(token)
-        ids[:, t], real[:, t] = nxt, True
-        if all(done):
-            break
+                    done[b] = token == stop_token
+                    if not done[b]:
+                        out[b].append(token)
+            ids[:, t], real[:, t] = nxt, True
+            if all(done):
+                break
     return out
+
+# %% ../nbs/12_generation.ipynb #24b21fb6
+_REGIONAL = tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 5)
+# inductor: the product of one row and a matrix as a product and a sum, run as one
+# parallel loop over the matrix's rows (a CPU's BLAS may run it on one thread)
+_ONE_ROW = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+
+
+@functools.cache
+def _region(backend: str):
+    "`DecoderLayer.forward`, compiled: one graph that every layer of the stack reuses."
+    options = _ONE_ROW if backend == "inductor" else None
+    return torch.compile(DecoderLayer.forward, backend=backend, options=options)
+
+
+class _OneTokenLayer:
+    "A layer's forward while generating: one-token steps compiled, the prompt eager."
+
+    def __init__(self, layer: DecoderLayer, backend: str):
+        self.layer, self.region = layer, _region(backend)
+
+    def __call__(self, x, memory, mask, memory_mask, *rest):
+        if x.shape[-2] != 1:  # the prompt: once per call, eagerly
+            return DecoderLayer.forward(self.layer, x, memory, mask, memory_mask, *rest)
+        for m in (mask, memory_mask):  # key positions: any number, the same graph
+            if m is not None:
+                torch._dynamo.maybe_mark_dynamic(m, m.dim() - 1)
+        return self.region(self.layer, x, memory, mask, memory_mask, *rest)
+
+
+def _row_times(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    "`x` `(..., K)` times `weight` `(N, K)` transposed, as a product and a sum."
+    return (x.unsqueeze(-2) * weight).sum(-1)  # compiled: one pass over `weight`
+
+
+@functools.cache
+def _row_region(backend: str):
+    return torch.compile(_row_times, backend=backend)  # (the pass stops at 2048 wide)
+
+
+class _OneRowHead:
+    "The head while generating on a CPU: a single row through `_row_times`, compiled."
+
+    def __init__(self, head: nn.Linear, backend: str):
+        self.head, self.region = head, _row_region(backend)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[:-1].numel() != 1:  # several rows: nn.Linear's product
+            return F.linear(x, self.head.weight, self.head.bias)
+        y = self.region(x, self.head.weight)
+        return y if self.head.bias is None else y + self.head.bias
+
+
+@contextlib.contextmanager
+def _compiled_layers(model, cache, backend: str):
+    """While inside: the decoder's layers run their one-token steps through one
+    compiled region, over the static `cache` of any length (the same graph); on a
+    CPU, the head's single rows too."""
+    for c in cache.self_attn + (cache.cross_attn or []):
+        for buffer in (c.k, c.v):  # (B, H_kv, max_len, D): max_len is a symbol
+            torch._dynamo.maybe_mark_dynamic(buffer, 2)
+    modules = list(model.decoder.layers)
+    for layer in modules:
+        layer.forward = _OneTokenLayer(layer, backend)  # (an instance attribute)
+    if model.head.weight.device.type == "cpu":
+        model.head.forward = _OneRowHead(model.head, backend)
+        modules.append(model.head)
+    try:
+        yield
+    finally:
+        for module in modules:
+            del module.forward  # the class's forward again
+
+# %% ../nbs/12_generation.ipynb #0a3b14db
+def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
+                   repeats: int = 9,  # timed reads; the median counts
+                   ) -> float:  # bytes per second
+    """How fast this CPU reads memory: `x.sum()` over `n_bytes` of float32, the
+    median of `repeats` timed runs after one untimed run (which maps the pages)."""
+    n_bytes, repeats = check_int(n_bytes, "n_bytes", minimum=4), check_positive_int(
+        repeats, "repeats")
+    x = torch.ones(n_bytes // 4)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()  # reads every byte once, writes one number
+        times.append(time.perf_counter() - start)
+    return x.nbytes / statistics.median(times)

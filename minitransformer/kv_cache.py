@@ -62,6 +62,8 @@ class KVCache:
         past = self.length if self.stack is None else self.stack.length
         if not door.checked:  # (appendix D: checked once, at the door)
             _check_update(self, past, k, v)  # alone; k, v fit the buffers and the room
+        if self.static and self.stack is not None:  # at the stack's write positions
+            return self._write_at(self.stack.slots, k, v)  # (a tensor: see below)
         T = k.shape[2]
         # written in place: no torch.cat, no new memory
         self.k[:, :, past : past + T] = k
@@ -71,6 +73,14 @@ class KVCache:
         if self.static:  # (B, H_kv, max_len, D): positions from len on must be masked
             return self.k, self.v
         return self.k[:, :, : past + T], self.v[:, :, : past + T]  # (B, H_kv, len, D)
+
+    def _write_at(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write `k`, `v` at the positions `slots` `(T,)`; return the whole buffers.
+        A tensor of positions, not a Python int, so that a compiled layer reads no
+        number that changes from token to token (chapter 12 compiles it once)."""
+        self.k.index_copy_(2, slots, k)
+        self.v.index_copy_(2, slots, v)
+        return self.k, self.v
 
     def truncate(self, length: int) -> None:
         "Forget every position from `length` on (the buffers are kept)."
@@ -255,10 +265,12 @@ class DecoderCache:
     """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for
     an encoder–decoder, one cross-attention cache per layer holding the encoder output's
     keys and values. `length`, the tokens processed so far, is kept once here: the
-    self-attention caches share it."""
+    self-attention caches share it. Static caches write at `slots`, the same positions
+    as a tensor, which `start_call` makes before each call of the `Decoder`."""
     self_attn: list[KVCache]
     cross_attn: list[KVCache] | None = None
     length: int = field(init=False, default=0)
+    slots: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         _check_cache_lists(self.self_attn, self.cross_attn)  # one KVCache per layer
@@ -313,6 +325,14 @@ class DecoderCache:
         and values); return how many key positions self-attention then reads."""
         _check_cache_fits(self, decoder, B, T, memory)
         return self.max_len if self.static else self.length + T
+
+    def start_call(self, T: int) -> int:
+        """Before a call that adds T tokens: the tokens cached so far. A static cache
+        also sets `slots` to the positions the call writes, a tensor `(T,)`."""
+        if self.static:
+            self.slots = torch.arange(self.length, self.length + T,
+                                      device=self.self_attn[0].k.device)
+        return self.length
 
     def __len__(self) -> int:
         "Tokens processed so far (every layer's self-attention cache holds as many)."

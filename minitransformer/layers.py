@@ -367,13 +367,14 @@ class _DecoderPlumbing(nn.Module):
                             f"{type(cache).__name__}")
         return cache.check_fits(self, B, T, memory)
 
-    def _layer_caches(self, cache) -> tuple[int, list]:
-        "Tokens cached so far (0 without a cache), each layer's (self, cross) caches."
+    def _layer_caches(self, cache, T: int) -> tuple[int, list]:
+        """Tokens cached so far (0 without a cache), each layer's (self, cross) caches,
+        before a call that adds T tokens."""
         n = len(self.layers)
         if cache is None:
             return 0, [(None, None)] * n
         cross = cache.cross_attn if cache.cross_attn is not None else [None] * n
-        return cache.length, list(zip(cache.self_attn, cross))
+        return cache.start_call(T), list(zip(cache.self_attn, cross))
 
     @staticmethod
     def _advance(cache, length: int) -> None:
@@ -405,7 +406,7 @@ class Decoder(_DecoderPlumbing):
         if not door.checked:  # (appendix D: checked once, at the door)
             self._check(*args)
             return inside(Decoder.forward, self, *args)
-        past, caches = self._layer_caches(cache)  # no cache: 0, and None for each
+        past, caches = self._layer_caches(cache, x.shape[-2])  # no cache: 0, Nones
         angles = _stack_positions(self.rotary, positions, past, x)
         for layer, (self_cache, cross_cache) in zip(self.layers, caches):
             x = layer(x, memory, mask, memory_mask, angles, self_cache, cross_cache,

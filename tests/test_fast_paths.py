@@ -4,8 +4,10 @@
   queries as keys (PyTorch's kernel applies the rule; on CUDA the flash kernel can run); otherwise
   the bottom-right causal mask is built, combined with any mask given. The models pass it.
 - the static KV cache: whole buffers plus a length mask, so shapes do not grow per token;
-- `generate(..., compile=...)`: the one-token step through `torch.compile` over the static cache,
-  one graph (plus one recompile that makes the length symbolic), no graph break;
+- `generate(..., compile=...)`: on torch >= 2.5 one compiled region, `DecoderLayer.forward`, that every
+  layer reuses (and the head's single row, on a CPU), over the static cache written at a tensor of
+  positions: one graph per layer kind and batch size, none more for calls of other lengths, no graph
+  break; on older torch the whole one-token step (forced here by `_REGIONAL = False`);
 - `tracing()`: value checks skip themselves while torch.compile traces.
 """
 import pytest
@@ -15,7 +17,9 @@ from torch._dynamo.utils import counters
 
 from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
 from minitransformer.checks import tracing
-from minitransformer.generation import generate
+from minitransformer import generation
+from minitransformer.generation import generate, read_bandwidth
+from minitransformer.layers import DecoderLayer
 from minitransformer.kv_cache import DecoderCache, KVCache
 from minitransformer.masks import causal_mask, decoder_mask
 from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
@@ -174,16 +178,84 @@ def test_decoder_mask_over_a_static_cache():
 
 # ------------------------------------------------------------------ torch.compile
 
-def test_compiled_generation_writes_the_eager_tokens_in_one_graph():
-    model = gpt(**dict(RECIPE, n_kv_heads=2))
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def test_compiled_generation_writes_the_eager_tokens_with_one_layer_graph():
+    model = gpt(**dict(RECIPE, n_kv_heads=2), n_layers=3)
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13]]
     eager = generate(model, prompts, 16)
     torch._dynamo.reset()
     counters.clear()
     assert generate(model, prompts, 16, compile="eager") == eager
     assert not counters["graph_break"], dict(counters["graph_break"])
-    # the first step, then one recompile that makes the cache length a symbol: no more
-    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    # one graph for the layer, which all three reuse (at B = 3 the head runs nn.Linear's
+    # product; only a single row goes through the compiled head)
+    assert graphs() == 1, dict(counters["stats"])
+    for n in (5, 30, 1, 0):  # other lengths (other cache sizes): nothing more compiled
+        assert generate(model, prompts, n, compile="eager") == generate(model, prompts, n)
+    assert graphs() == 1, dict(counters["stats"])
+    one = [[4, 5, 6]]  # B = 1: the layer again (batch 1 is a shape of its own) and the head
+    assert generate(model, one, 9, compile="eager") == generate(model, one, 9)
+    assert graphs() <= 3, dict(counters["stats"])
+    assert all("forward" not in vars(m) for m in model.modules()), "a compiled forward was left"
+
+
+def test_the_layer_region_traces_as_one_graph():
+    "fullgraph=True raises at the first graph break: the layer's one-token step has none."
+    model = gpt(**dict(RECIPE, n_kv_heads=2))
+    cache = model.make_cache(2, 24, static=True)
+    ids = torch.randint(0, 40, (2, 7))
+    region = torch.compile(DecoderLayer.forward, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        model(ids[:, :5], cache=cache)
+        for layer in model.decoder.layers:  # each layer's step through the one region
+            layer.forward = lambda *a, layer=layer: region(layer, *a)
+        try:
+            steps = [model(ids[:, t : t + 1], cache=cache, last_only=True) for t in (5, 6)]
+        finally:
+            for layer in model.decoder.layers:
+                del layer.forward
+        ref = model(ids)
+    torch.testing.assert_close(torch.cat(steps, 1), ref[:, 5:7], atol=1e-5, rtol=1e-5)
+
+
+def test_static_cache_writes_at_the_stack_positions():
+    model = gpt()
+    cache = model.make_cache(1, 10, static=True)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+        assert cache.slots.tolist() == [0, 1, 2] and len(cache) == 3
+        model(torch.tensor([[4]]), cache=cache)
+        assert cache.slots.tolist() == [3] and len(cache) == 4
+    k = cache.self_attn[0].k  # 4 positions written, zeros after them
+    assert k[:, :, :4].abs().sum() > 0 and not k[:, :, 4:].any()
+
+
+def test_the_whole_step_path_below_torch_2_5(monkeypatch):
+    "On torch < 2.5 (per-layer regions would recompile per layer there) the step is one graph."
+    monkeypatch.setattr(generation, "_REGIONAL", False)
+    model = gpt(**dict(RECIPE, n_kv_heads=2))
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    eager = generate(model, prompts, 12)
+    torch._dynamo.reset()
+    counters.clear()
+    assert generate(model, prompts, 12, compile="eager") == eager
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert graphs() <= 2, dict(counters["stats"])  # the first step, then a symbolic length
+
+
+def test_compiled_layers_are_restored_when_a_step_raises(monkeypatch):
+    model = gpt()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(generation, "_sample", broken)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        generate(model, [[1, 2]], 4, compile="eager")
+    assert all("forward" not in vars(m) for m in model.modules())
 
 
 def test_compiled_encoder_decoder_generation():
@@ -192,7 +264,22 @@ def test_compiled_encoder_decoder_generation():
                                       d_model=32, n_heads=4)).eval()
     src, prompts = [[3, 4, 5, 6], [7, 8]], [[1], [1, 2]]
     eager = generate(m, prompts, 10, source=src)
+    torch._dynamo.reset()
+    counters.clear()
     assert generate(m, prompts, 10, source=src, compile="eager") == eager
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    # its layer (with cross-attention) is a graph of its own; other target lengths reuse it
+    assert generate(m, prompts, 4, source=src, compile="eager") == generate(
+        m, prompts, 4, source=src)
+    assert graphs() == 1, dict(counters["stats"])
+
+
+def test_read_bandwidth_is_a_positive_rate():
+    assert read_bandwidth(2**20, 3) > 0
+    with pytest.raises(ValueError, match="n_bytes"):
+        read_bandwidth(2)
+    with pytest.raises(ValueError, match="repeats"):
+        read_bandwidth(2**20, 1.5)
 
 
 def test_compile_arguments_are_checked():

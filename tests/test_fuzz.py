@@ -2701,6 +2701,17 @@ def _(data):
             assert torch.equal(out.float().amax(-1)[rows], logits.float().amax(-1)[rows])
 
 
+@case("generation.read_bandwidth", examples=20)
+def _(data):
+    gen = _mod("generation")
+    p = Probe(data, ["n_bytes", "repeats"])
+    n_bytes = p.value("n_bytes", st.integers(4, 4096), (3, 0, -4, 2.5, True, "64", None, nan))
+    repeats = p.value("repeats", st.integers(1, 3), POS_INT_BAD)
+    out = p.run(lambda: p.call("read_bandwidth", gen.read_bandwidth, n_bytes, repeats))
+    if ok(out):
+        assert isinstance(out, float) and out > 0, out
+
+
 def _tiny_model(p, encdec, max_len=8):
     model = _mod("model")
     if encdec:

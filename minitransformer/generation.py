@@ -205,9 +205,9 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     """Continue each prompt token by token. Prompts of different lengths are padded
     on the left, with positions counted from each row's first real token and the
     padding masked, so each row gets exactly the tokens it would get alone.
-    `compile` runs each one-token step through `torch.compile` over a static cache
-    (whole buffers and a length mask): every step has the same shapes, so the
-    compiled code is reused."""
+    `compile` runs the one-token steps through `torch.compile`: one compiled decoder
+    layer that every layer reuses, over a static cache (whole buffers, a length
+    mask) whose length is a symbol, so calls of any length reuse the compiled code."""
     rows, src_rows, max_new_tokens, backend = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
         generator, use_cache, compile)
@@ -280,9 +280,6 @@ def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
 
 # %% ../nbs/12_generation.ipynb #24b21fb6
 _REGIONAL = tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 5)
-# inductor: the product of one row and a matrix as a product and a sum, run as one
-# parallel loop over the matrix's rows (a CPU's BLAS may run it on one thread)
-_ONE_ROW = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
 
 
 @functools.cache
@@ -307,29 +304,6 @@ class _OneTokenLayer:
         return self.region(self.layer, x, memory, mask, memory_mask, *rest)
 
 
-def _row_times(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    "`x` `(..., K)` times `weight` `(N, K)` transposed, as a product and a sum."
-    return (x.unsqueeze(-2) * weight).sum(-1)  # compiled: one pass over `weight`
-
-
-@functools.cache
-def _row_region(backend: str):
-    return torch.compile(_row_times, backend=backend)  # (the pass stops at 2048 wide)
-
-
-class _OneRowHead:
-    "The head while generating on a CPU: a single row through `_row_times`, compiled."
-
-    def __init__(self, head: nn.Linear, backend: str):
-        self.head, self.region = head, _row_region(backend)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[:-1].numel() != 1:  # several rows: nn.Linear's product
-            return F.linear(x, self.head.weight, self.head.bias)
-        y = self.region(x, self.head.weight)
-        return y if self.head.bias is None else y + self.head.bias
-
-
 @contextlib.contextmanager
 def _compiled_layers(model, cache, backend: str):
     """While inside: the decoder's layers run their one-token steps through one
@@ -349,6 +323,34 @@ def _compiled_layers(model, cache, backend: str):
     finally:
         for module in modules:
             del module.forward  # the class's forward again
+
+# %% ../nbs/12_generation.ipynb #f696423b
+# inductor: the product of one row and a matrix as a product and a sum, run as one
+# parallel loop over the matrix's rows (a CPU's BLAS may run it on one thread)
+_ONE_ROW = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+
+
+def _row_times(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    "One row `x` `(K,)` times `weight` `(N, K)` transposed, as a product and a sum."
+    return (x * weight).sum(-1)  # (N,); compiled: one pass over `weight`
+
+
+@functools.cache
+def _row_region(backend: str):
+    return torch.compile(_row_times, backend=backend)  # (the pass stops at 2048 wide)
+
+
+class _OneRowHead:
+    "The head while generating on a CPU: a single row through `_row_times`, compiled."
+
+    def __init__(self, head: nn.Linear, backend: str):
+        self.head, self.region = head, _row_region(backend)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[:-1].numel() != 1:  # several rows: nn.Linear's product
+            return F.linear(x, self.head.weight, self.head.bias)
+        y = self.region(x.reshape(-1), self.head.weight).view(*x.shape[:-1], -1)
+        return y if self.head.bias is None else y + self.head.bias
 
 # %% ../nbs/12_generation.ipynb #0a3b14db
 def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB

@@ -120,8 +120,10 @@ def first_calls(threads: int) -> list[dict]:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": folder, "BENCH_THREADS": str(threads)}
         out = []
         for _ in range(2):
-            r = subprocess.run([sys.executable, __file__, "--first-call-child"], env=env, check=True,
+            r = subprocess.run([sys.executable, __file__, "--first-call-child"], env=env,
                                capture_output=True, text=True)
+            if r.returncode:
+                raise SystemExit(f"the first-call process failed:\n{r.stderr}")
             out.append(json.loads(r.stdout.strip().splitlines()[-1]))
     return out
 
@@ -132,7 +134,7 @@ def llama_cpp_rate(path: Path, rows: list[list[int]], n: int, threads: int, roun
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model_path=str(path), n_ctx=PROMPT + n + 8, n_threads=threads, n_batch=PROMPT,
+    llm = Llama(model_path=str(path), n_ctx=PROMPT + n + 8, n_threads=threads, n_threads_batch=threads, n_batch=PROMPT,
                 verbose=False)
 
     def run():

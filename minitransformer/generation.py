@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import statistics
+import threading
 import time
 
 import torch
@@ -207,7 +208,9 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     padding masked, so each row gets exactly the tokens it would get alone.
     `compile` runs the one-token steps through `torch.compile`: one compiled decoder
     layer that every layer reuses, over a static cache (whole buffers, a length
-    mask) whose length is a symbol, so calls of any length reuse the compiled code."""
+    mask) whose length is a symbol, so calls of any length reuse the compiled code
+    (an encoder–decoder's: after its second source length). Compiled calls run one
+    at a time: they set the layers' `forward` while they run."""
     rows, src_rows, max_new_tokens, backend = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
         generator, use_cache, compile)
@@ -238,16 +241,16 @@ def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
     "`generate`'s loop, on arguments it has checked: one host read per token."
     encdec, static, B = memory is not None, backend is not None, len(ids)
     eager = model.decode if encdec else model.forward
-    step, compiled = eager, contextlib.nullcontext()  # the prompt always runs eagerly
-    if static and _REGIONAL:  # each layer's one-token steps: one region, compiled once
-        compiled = _compiled_layers(model, cache, backend)
-    elif static:  # (torch < 2.5) the whole one-token step as one graph
+    step, regional = eager, static and _REGIONAL  # the prompt always runs eagerly
+    if static and not _REGIONAL:  # (torch < 2.5) the whole one-token step, one graph
         step = torch.compile(eager, backend=backend)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
     done, out = [False] * B, [[] for _ in range(B)]
-    with compiled:
+    with contextlib.ExitStack() as compiled:
         for t in range(P, total):
             one = cache is not None and t > P  # the newest token alone, after cache
+            if one and regional and t == P + 1:  # from the first one-token step on:
+                compiled.enter_context(_compiled_layers(model, cache, backend))
             lo = t - 1 if one else 0
             kw = dict(positions=positions[:, lo:t], cache=cache)
             if one and not encdec and (padded or static):  # its mask row: a view
@@ -290,39 +293,43 @@ def _region(backend: str):
 
 
 class _OneTokenLayer:
-    "A layer's forward while generating: one-token steps compiled, the prompt eager."
+    "A layer's forward during the one-token steps: through the compiled region."
 
     def __init__(self, layer: DecoderLayer, backend: str):
         self.layer, self.region = layer, _region(backend)
 
     def __call__(self, x, memory, mask, memory_mask, *rest):
-        if x.shape[-2] != 1:  # the prompt: once per call, eagerly
-            return DecoderLayer.forward(self.layer, x, memory, mask, memory_mask, *rest)
         for m in (mask, memory_mask):  # key positions: any number, the same graph
             if m is not None:
                 torch._dynamo.maybe_mark_dynamic(m, m.dim() - 1)
         return self.region(self.layer, x, memory, mask, memory_mask, *rest)
 
 
+_ONE_AT_A_TIME = threading.Lock()  # the layers' forwards are the model's, for a while
+
+
 @contextlib.contextmanager
 def _compiled_layers(model, cache, backend: str):
-    """While inside: the decoder's layers run their one-token steps through one
-    compiled region, over the static `cache` of any length (the same graph); on a
-    CPU, the head's single rows too."""
+    """While inside: the decoder's layers run through one compiled region, over the
+    static `cache` of any length (the same graph); with inductor on a CPU, the head's
+    single rows too. It sets the modules' `forward` meanwhile: one call at a time."""
     for c in cache.self_attn + (cache.cross_attn or []):
         for buffer in (c.k, c.v):  # (B, H_kv, max_len, D): max_len is a symbol
             torch._dynamo.maybe_mark_dynamic(buffer, 2)
-    modules = list(model.decoder.layers)
-    for layer in modules:
-        layer.forward = _OneTokenLayer(layer, backend)  # (an instance attribute)
-    if model.head.weight.device.type == "cpu":
-        model.head.forward = _OneRowHead(model.head, backend)
-        modules.append(model.head)
-    try:
-        yield
-    finally:
-        for module in modules:
-            del module.forward  # the class's forward again
+    steps = {layer: _OneTokenLayer(layer, backend) for layer in model.decoder.layers
+             if type(layer) is DecoderLayer}  # (a subclass keeps its own forward)
+    head = model.head
+    if (backend == "inductor" and type(head) is nn.Linear
+            and head.weight.device.type == "cpu"):
+        steps[head] = _OneRowHead(head, backend)
+    with _ONE_AT_A_TIME:
+        try:
+            for module, forward in steps.items():
+                module.forward = forward  # an instance attribute, over the class's
+            yield
+        finally:
+            for module in steps:
+                vars(module).pop("forward", None)  # the class's forward again
 
 # %% ../nbs/12_generation.ipynb #f696423b
 # inductor: the product of one row and a matrix as a product and a sum, run as one
@@ -341,7 +348,8 @@ def _row_region(backend: str):
 
 
 class _OneRowHead:
-    "The head while generating on a CPU: a single row through `_row_times`, compiled."
+    """The head while generating with inductor on a CPU: a single row through
+    `_row_times`, compiled (the bias, for a head that has one)."""
 
     def __init__(self, head: nn.Linear, backend: str):
         self.head, self.region = head, _row_region(backend)
@@ -356,8 +364,9 @@ class _OneRowHead:
 def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
                    repeats: int = 9,  # timed reads; the median counts
                    ) -> float:  # bytes per second
-    """How fast this CPU reads memory: `x.sum()` over `n_bytes` of float32, the
-    median of `repeats` timed runs after one untimed run (which maps the pages)."""
+    """How fast this CPU reads memory with torch's threads: `x.sum()` over `n_bytes`
+    of float32, the median of `repeats` timed runs after an untimed one (which maps
+    the pages)."""
     n_bytes, repeats = check_int(n_bytes, "n_bytes", minimum=4), check_positive_int(
         repeats, "repeats")
     x = torch.ones(n_bytes // 4)

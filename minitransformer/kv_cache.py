@@ -78,8 +78,8 @@ class KVCache:
         """Write `k`, `v` at the positions `slots` `(T,)`; return the whole buffers.
         A tensor of positions, not a Python int, so that a compiled layer reads no
         number that changes from token to token (chapter 12 compiles it once)."""
-        self.k.index_copy_(2, slots, k)
-        self.v.index_copy_(2, slots, v)
+        self.k.index_copy_(2, slots, k.to(self.k.dtype))  # (autocast may compute
+        self.v.index_copy_(2, slots, v.to(self.v.dtype))  # k, v in another dtype)
         return self.k, self.v
 
     def truncate(self, length: int) -> None:
@@ -270,7 +270,8 @@ class DecoderCache:
     self_attn: list[KVCache]
     cross_attn: list[KVCache] | None = None
     length: int = field(init=False, default=0)
-    slots: torch.Tensor | None = field(init=False, default=None, repr=False)
+    slots: torch.Tensor | None = field(init=False, default=None, repr=False,
+                                       compare=False)
 
     def __post_init__(self):
         _check_cache_lists(self.self_attn, self.cross_attn)  # one KVCache per layer
@@ -329,6 +330,8 @@ class DecoderCache:
     def start_call(self, T: int) -> int:
         """Before a call that adds T tokens: the tokens cached so far. A static cache
         also sets `slots` to the positions the call writes, a tensor `(T,)`."""
+        if not door.checked:  # (appendix D: the Decoder calls it with checked values)
+            _check_room(self.length, check_int(T, "T", minimum=0), self.max_len)
         if self.static:
             self.slots = torch.arange(self.length, self.length + T,
                                       device=self.self_attn[0].k.device)

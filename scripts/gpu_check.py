@@ -90,7 +90,8 @@ def main() -> int:
         print(f"{r[0]:<10}{r[1]:>29.1f}{r[2]:>11.1f}{r[3]:>10.1f}{r[4]:>17.0f}{r[6]:>10.0f}{r[5]:>18.0f}{r[7]:>10.0f}"
               f"{r[8]:>23.1f}")
     print("(attention: B=8, H=16, T=2048, D=64, causal, forward; generation: 4 layers, d_model 256, "
-          "256 new tokens after prompts of 9-16 tokens)")
+          "256 new tokens after prompts of 9-16 tokens; first compiled call: float32's in a fresh "
+          "process, bfloat16's after float32's, with inductor's caches warm)")
     return tests.returncode
 
 

@@ -258,6 +258,70 @@ def test_compiled_layers_are_restored_when_a_step_raises(monkeypatch):
     assert all("forward" not in vars(m) for m in model.modules())
 
 
+def test_compiled_generation_of_a_one_token_prompt_compiles_one_layer_graph():
+    "The prompt step runs eagerly even when it is one token long (no second graph)."
+    model = gpt(**dict(RECIPE, n_kv_heads=2))
+    torch._dynamo.reset()
+    counters.clear()
+    assert generate(model, [[4]], 6, compile="eager") == generate(model, [[4]], 6)
+    assert graphs() == 1, dict(counters["stats"])
+
+
+def test_compiled_generation_leaves_a_lora_head_alone():
+    "Only a plain nn.Linear head is replaced, and only for inductor (a LoRA head keeps B·A)."
+    from minitransformer.lora import add_lora
+    model = gpt(tie_weights=False)
+    add_lora(model, ["head"], r=2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora" in name:
+                p.normal_(0, 0.5)
+    prompts = [[1, 2, 3]]
+    assert generate(model, prompts, 8, compile="eager") == generate(model, prompts, 8)
+    cache = model.make_cache(1, 8, static=True)
+    with generation._compiled_layers(model, cache, "inductor"):  # (compiles lazily)
+        assert "forward" not in vars(model.head)  # the LoRA head: its own forward
+        assert all("forward" in vars(layer) for layer in model.decoder.layers)
+    plain = gpt()
+    with generation._compiled_layers(plain, plain.make_cache(1, 8, static=True), "inductor"):
+        assert "forward" in vars(plain.head)
+    assert "forward" not in vars(plain.head)
+
+
+def test_static_cache_under_autocast():
+    "Autocast computes keys in bfloat16; the float32 static buffers take them cast."
+    model = gpt()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        cache = model.make_cache(1, 8, static=True)
+        model(ids, cache=cache)
+        assert len(cache) == 4
+        out = generate(model, [[1, 2, 3]], 4, compile="eager")
+    assert len(out[0]) == 4
+
+
+def test_start_call_checks_its_argument():
+    cache = gpt().make_cache(1, 4)
+    with pytest.raises(ValueError, match="overflow"):
+        cache.start_call(5)
+    with pytest.raises(ValueError, match="T"):
+        cache.start_call(-1)
+    assert cache.start_call(4) == 0
+
+
+def test_a_failed_setup_leaves_no_forward_behind(monkeypatch):
+    model = gpt()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no region today")
+
+    monkeypatch.setattr(generation, "_OneRowHead", broken)
+    monkeypatch.setattr(generation, "_region", broken)
+    with pytest.raises(RuntimeError, match="no region today"):
+        generate(model, [[1, 2]], 4, compile="eager")
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
 def test_compiled_encoder_decoder_generation():
     torch.manual_seed(0)
     m = Transformer(TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, max_len=32,

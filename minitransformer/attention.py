@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .checks import (
     broadcast_shape, check_bool_mask, check_dropout, check_flag, check_number,
-    check_tensor, door, shape_str)
+    check_tensor, shape_str)
 from .mixing import softmax
 from .qkv import check_qkv
 
@@ -94,10 +94,9 @@ def attention_with_weights(
     is_causal: bool = False,  # also: no query sees a later key
 ) -> tuple[torch.Tensor, torch.Tensor]:  # output (..., T, Dv), weights (..., T, S)
     "Scaled dot-product attention step by step; returns the output and the weights."
-    if not door.checked:  # (appendix D: checked once, at the door)
-        scale = _check_args(q, k, v, mask, dropout_p, scale, is_causal=is_causal)
+    scale = _check_args(q, k, v, mask, dropout_p, scale, is_causal=is_causal)
     scale, mask, _ = _prepare(q, k, mask, scale, is_causal)
-    empty = mask is not None and not door.no_empty_rows  # may a row see nothing?
+    empty = mask is not None  # may a row see nothing?
     scores = q @ k.transpose(-2, -1) * scale  # (..., T, D) @ (..., D, S) -> (..., T, S)
     if mask is not None:  # blocked keys get no weight: -inf is *added*, as in PyTorch
         scores = torch.where(mask, scores, scores - math.inf)
@@ -126,8 +125,15 @@ def scaled_dot_product_attention(
     allowed key gives 0. `is_causal` without a mask, over as many queries as keys,
     builds no mask at all: the kernel skips the blocked half itself (on CUDA, the
     flash kernel)."""
-    if not door.checked:  # (appendix D: checked once, at the door)
-        scale = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
+    scale = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
+    return _attend(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
+
+
+def _attend(q, k, v, mask=None, dropout_p: float = 0.0, scale=None,
+            enable_gqa: bool = False, is_causal: bool = False) -> torch.Tensor:
+    """`scaled_dot_product_attention` without its checks: what the modules call, with
+    arguments they have built. The one place where a query that may see no key gets
+    zeros, whichever kernel ran (some give NaN for such a row)."""
     scale, mask, causal = _prepare(q, k, mask, scale, is_causal, fused=True)
     kw = {}
     if enable_gqa and k.shape[-3] != q.shape[-3]:  # fewer K/V heads than query heads
@@ -138,7 +144,6 @@ def scaled_dot_product_attention(
             k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                          is_causal=causal, scale=scale, **kw)
-    if mask is not None and not door.no_empty_rows:  # (..., T, 1): queries that may
-        # see nothing output zeros (not where every row is known to see a key)
+    if mask is not None:  # (..., T, 1): queries that may see nothing output zeros
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out

@@ -6,14 +6,13 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-import threading
 
 import torch
 
 # %% auto #0
-__all__ = ['door', 'shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number',
-           'check_probability', 'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask', 'is_integer_tensor',
-           'check_float_dtype', 'autocast_on', 'check_dtype', 'check_width', 'check_module', 'inside', 'tracing']
+__all__ = ['shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number', 'check_probability',
+           'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask', 'is_integer_tensor', 'check_float_dtype',
+           'autocast_on', 'check_dtype', 'check_width', 'check_module', 'total_width', 'tracing']
 
 # %% ../nbs/93_checks.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
@@ -204,34 +203,38 @@ def check_module(value, name: str = "model") -> torch.nn.Module:
     return value
 
 # %% ../nbs/93_checks.ipynb #3f7eef73
-class _Door(threading.local):
-    """What the public entry point of the current call has established, per thread.
-    `checked`: the arguments were checked, so the checks reached inside are skipped.
-    `no_empty_rows`: every attention mask in this call gives every query at least one
-    key (a generation step's), so attention need not zero empty rows."""
-    checked = False
-    no_empty_rows = False
+def _total_width(xs) -> int:
+    "The widths of `xs` added up, for tensors known to be at least 1-D (no checks)."
+    return sum(x.shape[-1] for x in xs)
 
 
-door = _Door()
-
-
-def inside(fn, *args, **kwargs):
-    "`fn(*args, **kwargs)` with `door.checked` raised: the package's own call."
-    before, door.checked = door.checked, True
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        door.checked = before
+def total_width(xs) -> int:  # an example of the pattern: a public function...
+    "The widths (last dimensions) of the tensors `xs` added up."
+    for i, x in enumerate(xs):  # ...checks what it receives, naming the culprit,
+        check_tensor(x, f"xs[{i}]", min_dim=1)
+    return _total_width(xs)  # ...and runs the unchecked twin the package calls
 
 # %% ../nbs/93_checks.ipynb #0144feac
 def tracing() -> bool:
-    """Whether `torch.compile` is tracing the current call. Checks that read a
-    tensor's values (not just its shape) skip themselves then: each would split the
-    compiled graph in two (inside `generate` no check runs at all: the door above)."""
-    if "torch._dynamo" not in sys.modules:  # never imported: nothing is compiling
+    """Whether a tracer records the current call instead of running it: `torch.compile`
+    (and `torch.export`, which traces with it), `torch.fx.symbolic_trace`, or a
+    `torch.func` transform (`vmap`, `grad`, ...). Checks that read a tensor's values
+    (not just its shape) skip themselves then."""
+    compiler = getattr(torch, "compiler", None)
+    if "torch._dynamo" in sys.modules:  # else nothing has ever compiled here
+        is_compiling = getattr(compiler, "is_compiling", None)
+        if is_compiling is None:  # torch < 2.3
+            is_compiling = sys.modules["torch._dynamo"].is_compiling
+        if is_compiling() or getattr(compiler, "is_exporting", bool)():
+            return True
+    if _functorch_active():  # inside torch.func.vmap, grad, jacrev, ...
+        return True
+    fx = sys.modules.get("torch.fx._symbolic_trace")
+    if fx is None:
         return False
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    if is_compiling is None:  # torch < 2.3
-        is_compiling = sys.modules["torch._dynamo"].is_compiling
-    return is_compiling()
+    symbolic = getattr(fx, "is_fx_symbolic_tracing", fx.is_fx_tracing)  # (older torch)
+    return symbolic()
+
+
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
+                            lambda: False)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import (
-    check_flag, check_int, check_number, check_positive_int, check_tensor, door,
+    check_flag, check_int, check_number, check_positive_int, check_tensor,
     is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
@@ -188,8 +188,7 @@ def pad_ids(rows: Sequence[Sequence[int]],  # B rows of token ids, of any length
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids `(B, T)` int64, T the longest row, and the mask `(B, T)` bool, True at
     real tokens. `rows` must hold at least one row; a row may be empty."""
-    if not door.checked:  # (appendix D: checked once, at the door)
-        rows = _check_pad_args(rows, pad_id, left)
+    rows = _check_pad_args(rows, pad_id, left)
     T = max(map(len, rows))
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), T, dtype=torch.bool)
@@ -232,7 +231,10 @@ def _check_embedding_args(vocab_size, d_model, padding_idx, scale, init_std):
 
 # %% ../nbs/02_embeddings.ipynb #a3248466
 class TokenEmbedding(nn.Module):
-    "Ids `(..., T)` → vectors `(..., T, C)`: rows of a learned `(vocab_size, C)` table."
+    """Ids `(..., T)` → vectors `(..., T, C)`: rows of a learned `(vocab_size, C)` table.
+    An id outside the table raises a `ValueError` naming it (the models check their
+    ids' range when a call starts; alone, the module reads the ids only when
+    `F.embedding` refuses one)."""
 
     def __init__(self,
                  vocab_size: int,  # vocabulary size |V|
@@ -257,9 +259,13 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor,
                 name: str = "token ids") -> torch.Tensor:  # `name`: for error messages
-        if not door.checked:  # (appendix D: checked once, at the door)
+        if not (isinstance(ids, torch.Tensor) and is_integer_tensor(ids)):
+            check_token_ids(ids, self.vocab_size, name)  # raises: not integer ids
+        try:
+            x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T) -> (..., T, C)
+        except IndexError:  # an id outside the table: say which (values read now)
             check_token_ids(ids, self.vocab_size, name)
-        x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T) -> (..., T, C)
+            raise
         return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:

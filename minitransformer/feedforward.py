@@ -9,7 +9,7 @@ from torch import nn
 
 from minitransformer.checks import (
     check_dropout, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    check_width, door)
+    check_width)
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -20,8 +20,12 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 def activation(name: str, z: torch.Tensor) -> torch.Tensor:
     "Point-wise activation `name`: relu, gelu, gelu_tanh, or silu/swiglu (the gate)."
-    if not door.checked:  # (appendix D: checked once, at the door)
-        _check_activation(name, z)  # a known name; z floating (relu would take ints)
+    _check_activation(name, z)  # a known name; z floating (relu would take ints)
+    return _activation(name, z)
+
+
+def _activation(name: str, z: torch.Tensor) -> torch.Tensor:
+    "`activation` without its checks (`FeedForward` knows its name is valid)."
     if name == "relu":
         return F.relu(z)
     if name == "gelu":
@@ -63,9 +67,10 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not door.checked:
+        if (not isinstance(x, torch.Tensor) or x.dim() == 0
+                or x.shape[-1] != self.d_model or x.dtype != self.w1.weight.dtype):
             _check_input(x, self.d_model, self.w1.weight.dtype)  # (..., C), its dtype
-        h = activation(self.activation, self.w1(x))  # (..., T, d_ff)
+        h = _activation(self.activation, self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:
             h = h * self.w3(x)  # SwiGLU: gate ⊙ value
         if self.training and self.dropout.p:  # (at p = 0 or in eval: nothing to do)

@@ -3,10 +3,8 @@
 # %% ../nbs/12_generation.ipynb #95ed2390
 from __future__ import annotations
 
-import contextlib
 import functools
 import statistics
-import threading
 import time
 
 import torch
@@ -15,9 +13,8 @@ from torch import nn
 
 from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
-    check_tensor, door, inside, shape_str)
+    check_tensor, shape_str, tracing)
 from .embeddings import check_id_list, pad_ids
-from .layers import DecoderLayer
 from .model import GPT, Transformer
 
 # %% auto #0
@@ -67,12 +64,11 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
                 ) -> torch.Tensor:  # (B,) token ids
     """Each row's next token: the argmax if `temperature == 0`, else a filtered draw.
     Every row needs a finite largest score (NaN, +inf or all -inf raise)."""
-    if not door.checked:  # (appendix D: checked once, at the door)
-        temperature = _check_sample_next(logits, temperature, top_k, top_p, generator)
+    temperature = _check_sample_next(logits, temperature, top_k, top_p, generator)
     nxt = _sample(logits, temperature, top_k, top_p, generator)
-    if not door.checked and bool((nxt < 0).any()):  # one small transfer
+    if not tracing() and bool((nxt < 0).any()):  # one small transfer (appendix D)
         _raise_not_finite()  # a row without a finite largest score drew -1
-    return nxt  # (inside the package, the caller reads -1 with the tokens: generate)
+    return nxt
 
 
 def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor:
@@ -100,9 +96,8 @@ def top_p_filter(logits: torch.Tensor,  # (B, V) scores, finite or -inf
                  top_p: float,  # the fewest most likely tokens whose mass reaches p
                  ) -> torch.Tensor:  # (B, V): -inf outside the nucleus
     "Top-p (nucleus) filtering of each row's scores, as `sample_next` applies it."
-    if not door.checked:  # (appendix D: checked once, at the door)
-        _check_logits(logits)
-        check_probability(top_p, "top_p", allow_zero=False)
+    _check_logits(logits)
+    check_probability(top_p, "top_p", allow_zero=False)
     return _nucleus(logits, top_p) if top_p < 1.0 else logits
 
 
@@ -181,7 +176,7 @@ def _check_compile(compile, use_cache: bool) -> str | None:
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
     """Ids `(B, total)`, each prompt ending at column P (the longest prompt's length)
     and `pad` after it; the real-token mask; positions from each row's first token."""
-    ids, real = inside(pad_ids, rows, pad, left=True)  # (B, P) each (rows: checked)
+    ids, real = pad_ids(rows, pad, left=True)  # (B, P) each
     (B, P), more = ids.shape, total - ids.shape[1]  # more: columns for new tokens
     ids = torch.cat([ids, ids.new_full((B, more), pad)], 1).to(device)
     real = torch.cat([real, real.new_zeros(B, more)], 1).to(device)  # which hold tokens
@@ -206,11 +201,9 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     """Continue each prompt token by token. Prompts of different lengths are padded
     on the left, with positions counted from each row's first real token and the
     padding masked, so each row gets exactly the tokens it would get alone.
-    `compile` runs the one-token steps through `torch.compile`: one compiled decoder
-    layer that every layer reuses, over a static cache (whole buffers, a length
-    mask) whose length is a symbol, so calls of any length reuse the compiled code
-    (an encoder–decoder's: after its second source length). Compiled calls run one
-    at a time: they set the layers' `forward` while they run."""
+    `compile` runs the one-token steps through `torch.compile` (`_compiled_step`):
+    over a static cache whose length is a symbol, so calls of any length reuse the
+    compiled code (an encoder–decoder's: after its second source length)."""
     rows, src_rows, max_new_tokens, backend = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
         generator, use_cache, compile)
@@ -220,7 +213,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     ids, real, positions = _left_padded(rows, total, pad, device)
     memory = source_mask = None
     if encdec:  # the sources, padded on the right, through the encoder once
-        src = inside(pad_ids, src_rows, pad)[0].to(device)
+        src = pad_ids(src_rows, pad)[0].to(device)
         memory, source_mask = model.encode(src)
     cache, static = None, backend is not None
     if use_cache and encdec:
@@ -229,136 +222,71 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         cache = model.make_cache(B, total, static=static)
     sampling = (float(temperature), top_k, top_p, generator)
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
-    # a new token sees itself; in cross-attention, a source of padding alone sees none
-    sees = not encdec or bool(source_mask.any(-1).all())  # (once per call)
-    return inside(_generate, model, ids, real, positions, P, total, cache, backend,
-                  memory, source_mask, padded, sampling, stop_token, sees)
-
-
-def _generate(model, ids, real, positions, P: int, total: int, cache, backend,
-              memory, source_mask, padded: bool, sampling: tuple, stop_token,
-              sees: bool):
-    "`generate`'s loop, on arguments it has checked: one host read per token."
-    encdec, static, B = memory is not None, backend is not None, len(ids)
-    eager = model.decode if encdec else model.forward
-    step, regional = eager, static and _REGIONAL  # the prompt always runs eagerly
-    if static and not _REGIONAL:  # (torch < 2.5) the whole one-token step, one graph
-        step = torch.compile(eager, backend=backend)
+    step = _step if backend is None else _compiled_step(backend)  # one-token steps
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
-    done, out = [False] * B, [[] for _ in range(B)]
-    with contextlib.ExitStack() as compiled:
-        for t in range(P, total):
-            one = cache is not None and t > P  # the newest token alone, after cache
-            if one and regional and t == P + 1:  # from the first one-token step on:
-                compiled.enter_context(_compiled_layers(model, cache, backend))
-            lo = t - 1 if one else 0
-            kw = dict(positions=positions[:, lo:t], cache=cache)
-            if one and not encdec and (padded or static):  # its mask row: a view
-                kw["full_attention_mask"] = real4 if static else real4[..., :t]
-            elif padded or (static and encdec):  # the prompt (or all): built once
-                kw["attention_mask"] = real if static else real[:, :t]
-            door.no_empty_rows = one and sees  # (padded prompts: rows may be empty)
-            try:
-                run = step if one else eager
-                if encdec:  # with a cache, the encoder output is already in it
-                    mem = None if cache is not None else memory
-                    logits = run(ids[:, lo:t], mem, source_mask, **kw)
-                else:
-                    logits = run(ids[:, lo:t], last_only=True, **kw)  # (B, 1, V)
-            finally:
-                door.no_empty_rows = False
-            nxt = _sample(logits[:, -1], *sampling)  # (B,), -1 where logits are bad
-            tokens = nxt.tolist()  # the one transfer of the step
-            if min(tokens) < 0:
-                _raise_not_finite()
-            for b, token in enumerate(tokens):
-                if not done[b]:
-                    done[b] = token == stop_token
-                    if not done[b]:
-                        out[b].append(token)
-            ids[:, t], real[:, t] = nxt, True
-            if all(done):
-                break
+    drawn, out, done = [], [[] for _ in range(B)], [False] * B
+    for t in range(P, total):
+        one = cache is not None and t > P  # the newest token alone, after the cache
+        lo = t - 1 if one else 0
+        kw = dict(positions=positions[:, lo:t], cache=cache)
+        if one and not encdec and (padded or static):  # its mask row: a view
+            kw["full_attention_mask"] = real4 if static else real4[..., :t]
+        elif padded or (static and encdec):  # the prompt (or all): built once
+            kw["attention_mask"] = real if static else real[:, :t]
+        mem = memory if cache is None else None  # (a cache holds the encoder's keys)
+        logits = (step if one else _step)(model, ids[:, lo:t], mem, source_mask, kw)
+        nxt = _sample(logits, *sampling)  # (B,), -1 where the logits are not finite
+        ids[:, t], real[:, t] = nxt.clamp(min=0), True
+        if stop_token is None:  # read once, at the end
+            drawn.append(nxt)
+            continue
+        tokens = nxt.tolist()  # whether each row has stopped: the step's one read
+        if min(tokens) < 0:
+            _raise_not_finite()
+        for b, token in enumerate(tokens):
+            done[b] = done[b] or token == stop_token
+            if not done[b]:
+                out[b].append(token)
+        if all(done):
+            break
+    if drawn:
+        out = torch.stack(drawn, 1).tolist()  # (B, max_new_tokens): one read
+        if min(map(min, out)) < 0:
+            _raise_not_finite()
     return out
 
+
+def _step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
+    "The model's next-token scores `(B, V)` for the newest of `ids`: one call."
+    if isinstance(model, Transformer):
+        return model.decode(ids, memory, source_mask, **kw)[:, -1]
+    return model(ids, last_only=True, **kw)[:, -1]  # (forward hooks run: a call)
+
+
 # %% ../nbs/12_generation.ipynb #24b21fb6
-_REGIONAL = tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 5)
+_RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
 
 
 @functools.cache
-def _region(backend: str):
-    "`DecoderLayer.forward`, compiled: one graph that every layer of the stack reuses."
-    options = _ONE_ROW if backend == "inductor" else None
-    return torch.compile(DecoderLayer.forward, backend=backend, options=options)
+def _compiled_step(backend: str):
+    """`_step` through `torch.compile` with `backend`: one graph of the step around
+    one compiled region, `DecoderLayer.forward`, that every layer calls."""
+    compiled = torch.compile(_step, backend=backend, dynamic=True)  # lengths: symbols
 
-
-class _OneTokenLayer:
-    "A layer's forward during the one-token steps: through the compiled region."
-
-    def __init__(self, layer: DecoderLayer, backend: str):
-        self.layer, self.region = layer, _region(backend)
-
-    def __call__(self, x, memory, mask, memory_mask, *rest):
-        for m in (mask, memory_mask):  # key positions: any number, the same graph
-            if m is not None:
-                torch._dynamo.maybe_mark_dynamic(m, m.dim() - 1)
-        return self.region(self.layer, x, memory, mask, memory_mask, *rest)
-
-
-_ONE_AT_A_TIME = threading.Lock()  # the layers' forwards are the model's, for a while
-
-
-@contextlib.contextmanager
-def _compiled_layers(model, cache, backend: str):
-    """While inside: the decoder's layers run through one compiled region, over the
-    static `cache` of any length (the same graph); with inductor on a CPU, the head's
-    single rows too. It sets the modules' `forward` meanwhile: one call at a time."""
-    for c in cache.self_attn + (cache.cross_attn or []):
-        for buffer in (c.k, c.v):  # (B, H_kv, max_len, D): max_len is a symbol
-            torch._dynamo.maybe_mark_dynamic(buffer, 2)
-    steps = {layer: _OneTokenLayer(layer, backend) for layer in model.decoder.layers
-             if type(layer) is DecoderLayer}  # (a subclass keeps its own forward)
-    head = model.head
-    if (backend == "inductor" and type(head) is nn.Linear
-            and head.weight.device.type == "cpu"):
-        steps[head] = _OneRowHead(head, backend)
-    with _ONE_AT_A_TIME:
+    def step(*args):
+        limits = dict(recompile_limit=_RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True,
+                      specialize_float=True)  # (floats: the model's constants)
         try:
-            for module, forward in steps.items():
-                module.forward = forward  # an instance attribute, over the class's
-            yield
-        finally:
-            for module in steps:
-                vars(module).pop("forward", None)  # the class's forward again
+            with torch._dynamo.config.patch(**limits):  # (never silently eager)
+                return compiled(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as e:
+            raise RuntimeError(
+                f"compile={backend!r}: torch.compile has compiled {_RECOMPILE_LIMIT} "
+                "graphs of generate's step in this process (one per model "
+                "configuration, or per change that its guards see), its limit; call "
+                "torch._dynamo.reset() to start again, or pass compile=False") from e
+    return step
 
-# %% ../nbs/12_generation.ipynb #f696423b
-# inductor: the product of one row and a matrix as a product and a sum, run as one
-# parallel loop over the matrix's rows (a CPU's BLAS may run it on one thread)
-_ONE_ROW = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
-
-
-def _row_times(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    "One row `x` `(K,)` times `weight` `(N, K)` transposed, as a product and a sum."
-    return (x * weight).sum(-1)  # (N,); compiled: one pass over `weight`
-
-
-@functools.cache
-def _row_region(backend: str):
-    return torch.compile(_row_times, backend=backend)  # (the pass stops at 2048 wide)
-
-
-class _OneRowHead:
-    """The head while generating with inductor on a CPU: a single row through
-    `_row_times`, compiled (the bias, for a head that has one)."""
-
-    def __init__(self, head: nn.Linear, backend: str):
-        self.head, self.region = head, _row_region(backend)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[:-1].numel() != 1:  # several rows: nn.Linear's product
-            return F.linear(x, self.head.weight, self.head.bias)
-        y = self.region(x.reshape(-1), self.head.weight).view(*x.shape[:-1], -1)
-        return y if self.head.bias is None else y + self.head.bias
 
 # %% ../nbs/12_generation.ipynb #0a3b14db
 def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB

@@ -6,18 +6,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from .checks import (
     check_dtype, check_flag, check_float_dtype, check_int, check_positive_int,
-    check_tensor, door, shape_str)
+    check_tensor, shape_str)
 from .layers import Decoder
 
 # %% auto #0
 __all__ = ['KVCache', 'check_encoder_output', 'DecoderCache']
 
 # %% ../nbs/10_kv_cache.ipynb #12dd146b
-class KVCache:
-    """Keys and values of one layer, in `(B, H_kv, max_len, D)` buffers allocated once.
+class KVCache(nn.Module):
+    """Keys and values of one layer, in `(B, H_kv, max_len, D)` buffers allocated once
+    (a module, as in torchtune and gpt-fast, though it has no weights: a compiler then
+    takes its tensors as inputs of the code it compiles, not as constants).
 
     `update(k, v)` writes the new `(B, H_kv, T, D)` entries after the `len(cache)`
     stored ones and returns all of them; the cache knows its own length and refuses to
@@ -36,6 +39,7 @@ class KVCache:
                         ("max_len", max_len), ("head_dim", head_dim)):
             check_positive_int(n, name)
         check_float_dtype(dtype, allow_none=False)
+        super().__init__()
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H_kv, max_len, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -59,28 +63,23 @@ class KVCache:
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `k`, `v` of shape `(B, H_kv, T, D)`; return every stored key and
         value (in a `DecoderCache`: the stack's length advances after the call)."""
+        buf = self.k  # (B, H_kv, max_len, D): k and v must fit it
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+                and k.dim() == 4 and k.shape == v.shape and k.shape[:2] == buf.shape[:2]
+                and k.shape[3] == buf.shape[3] and k.device == buf.device == v.device):
+            _check_entries(buf, k, v)  # raises (appendix D: shapes, here)
         past = self.length if self.stack is None else self.stack.length
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_update(self, past, k, v)  # alone; k, v fit the buffers and the room
-        if self.static and self.stack is not None:  # at the stack's write positions
-            return self._write_at(self.stack.slots, k, v)  # (a tensor: see below)
         T = k.shape[2]
+        if past + T > buf.shape[2]:
+            _check_room(past, T, buf.shape[2])  # raises
         # written in place: no torch.cat, no new memory
-        self.k[:, :, past : past + T] = k
-        self.v[:, :, past : past + T] = v
+        self.k[:, :, past : past + T] = k  # (in the buffers' dtype: autocast may
+        self.v[:, :, past : past + T] = v  # compute k, v in another)
         if self.stack is None:
             self.length = past + T
         if self.static:  # (B, H_kv, max_len, D): positions from len on must be masked
             return self.k, self.v
         return self.k[:, :, : past + T], self.v[:, :, : past + T]  # (B, H_kv, len, D)
-
-    def _write_at(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Write `k`, `v` at the positions `slots` `(T,)`; return the whole buffers.
-        A tensor of positions, not a Python int, so that a compiled layer reads no
-        number that changes from token to token (chapter 12 compiles it once)."""
-        self.k.index_copy_(2, slots, k.to(self.k.dtype))  # (autocast may compute
-        self.v.index_copy_(2, slots, v.to(self.v.dtype))  # k, v in another dtype)
-        return self.k, self.v
 
     def truncate(self, length: int) -> None:
         "Forget every position from `length` on (the buffers are kept)."
@@ -103,15 +102,6 @@ class KVCache:
                 f"dtype={self.k.dtype}, device={self.k.device}{static})")
 
 # %% ../nbs/10_kv_cache.ipynb #76b0c7b4
-def _check_update(cache, past: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    "Raise unless `cache` stands alone and `k`, `v` fit its buffers after `past`."
-    if cache.stack is not None:  # its length moves with the stack's
-        raise ValueError("this cache is one layer's part of a DecoderCache: "
-                         "pass the DecoderCache to the Decoder or the model")
-    _check_entries(cache.k, k, v)  # shapes, dtypes and devices fit the buffers
-    _check_room(past, k.shape[2], cache.k.shape[2])
-
-
 def _check_alone(cache, what: str) -> None:
     "Raise if `cache` is one layer's part of a `DecoderCache` (which counts length)."
     if cache.stack is not None:
@@ -142,9 +132,11 @@ def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
         if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H, D):
             raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache "
                              f"of (B, H, max_len, D) = {shape_str(buffer)}")
-    if (k.dtype, k.device, v.dtype, v.device) != (buffer.dtype, buffer.device) * 2:
-        raise ValueError(f"k ({k.dtype}, {k.device}) and v ({v.dtype}, {v.device})"
-                         f" do not match the cache ({buffer.dtype}, {buffer.device})")
+    if not (k.is_floating_point() and v.is_floating_point()):
+        raise TypeError(f"k and v must be floating, got {k.dtype} and {v.dtype}")
+    if (k.device, v.device) != (buffer.device,) * 2:
+        raise ValueError(f"k (on {k.device}) and v (on {v.device}) must be on the "
+                         f"cache's device, {buffer.device}")
     if v.shape[2] != k.shape[2]:
         raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the "
                          "same number of positions")
@@ -265,13 +257,10 @@ class DecoderCache:
     """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for
     an encoder–decoder, one cross-attention cache per layer holding the encoder output's
     keys and values. `length`, the tokens processed so far, is kept once here: the
-    self-attention caches share it. Static caches write at `slots`, the same positions
-    as a tensor, which `start_call` makes before each call of the `Decoder`."""
+    self-attention caches share it."""
     self_attn: list[KVCache]
     cross_attn: list[KVCache] | None = None
     length: int = field(init=False, default=0)
-    slots: torch.Tensor | None = field(init=False, default=None, repr=False,
-                                       compare=False)
 
     def __post_init__(self):
         _check_cache_lists(self.self_attn, self.cross_attn)  # one KVCache per layer
@@ -328,13 +317,9 @@ class DecoderCache:
         return self.max_len if self.static else self.length + T
 
     def start_call(self, T: int) -> int:
-        """Before a call that adds T tokens: the tokens cached so far. A static cache
-        also sets `slots` to the positions the call writes, a tensor `(T,)`."""
-        if not door.checked:  # (appendix D: the Decoder calls it with checked values)
+        "Before a call that adds T tokens: the tokens cached so far (room for T: checked)."
+        if not (type(T) is int and 0 <= T <= self.max_len - self.length):
             _check_room(self.length, check_int(T, "T", minimum=0), self.max_len)
-        if self.static:
-            self.slots = torch.arange(self.length, self.length + T,
-                                      device=self.self_attn[0].k.device)
         return self.length
 
     def __len__(self) -> int:

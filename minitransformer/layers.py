@@ -8,26 +8,23 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from .attention import check_mask
 from .checks import (
     broadcast_shape, check_bool_mask, check_choice, check_dropout, check_dtype,
     check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
-    check_width, door, inside, shape_str)
+    check_width, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, check_heads, default_positions
+from .positions import _check_angle_positions
 
 # %% auto #0
 __all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'DecoderLayer', 'Encoder', 'Decoder']
 
 # %% ../nbs/09_layers.ipynb #241dad9e
-_FUSED_RMS_NORM = hasattr(F, "rms_norm")  # torch >= 2.4
-
-
 class RMSNorm(nn.Module):
     """Root-mean-square normalization of each vector `(..., C)`:
-    `x / sqrt(mean(x²) + eps) * weight`."""
+    `x / sqrt(mean(x²) + eps) * weight` (in float32 for half-precision `x`)."""
 
     def __init__(self, d_model: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
@@ -37,56 +34,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not door.checked:  # (appendix D: checked once, at the door)
-            check_width(x, "x", self.d_model)
-        if _FUSED_RMS_NORM and x.is_cuda:  # torch's rms_norm (one fused kernel on
-            # recent CUDA builds); on the CPU it runs the steps below, no faster
-            return F.rms_norm(x.float(), (self.d_model,), self.weight.float(),
-                              self.eps).to(x.dtype)
-        if (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-                and not _functorch_active()):  # (torch.func differentiates the steps)
-            return _RMSNormFunction.apply(x, self.weight, self.eps)  # training
-        return _rms_norm(x, self.weight, self.eps)[0]  # (no x̂ kept: inference)
+        if not isinstance(x, torch.Tensor) or x.shape[-1:] != (self.d_model,):
+            check_width(x, "x", self.d_model)  # raises (appendix D)
+        half = x.dtype in (torch.float16, torch.bfloat16)
+        xf = x.float() if half else x  # squares summed in float32, not in 8 bits
+        x_hat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x_hat * self.weight.to(xf.dtype)).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
 
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
-    "RMSNorm's output, x̂ = x / rms(x) and r = 1 / rms(x) `(..., 1)` (in float32)."
-    xf = x.float()  # the mean of squares in float32 also under bfloat16
-    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    x_hat = xf * rstd
-    return (x_hat * weight.float()).to(x.dtype), x_hat, rstd
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """RMSNorm with its gradient written out: x̂ = x·r, r = 1/rms(x), y = x̂ ⊙ w give
-    dx = r·(g⊙w − x̂·mean(g⊙w⊙x̂)) and dw = Σ g⊙x̂ over the tokens. Autograd would
-    instead record and run back every step of the forward."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        y, x_hat, rstd = _rms_norm(x, weight, eps)
-        ctx.save_for_backward(x_hat, weight, rstd)
-        ctx.dtype = x.dtype
-        return y
-
-    @staticmethod
-    @once_differentiable  # (a second derivative raises instead of coming out wrong)
-    def backward(ctx, g):
-        x_hat, weight, rstd = ctx.saved_tensors
-        g, w, C = g.float(), weight.float(), x_hat.shape[-1]
-        gx = g * x_hat  # (..., C)
-        dw = gx.reshape(-1, C).sum(0)
-        # a = r·mean(g⊙w⊙x̂), one number per token: a matrix-vector product
-        a = (gx @ w).unsqueeze_(-1).mul_(rstd / C)
-        dx = (g * w).mul_(rstd).addcmul_(x_hat, a, value=-1)  # r·g⊙w − x̂·a
-        return dx.to(ctx.dtype), dw.to(weight.dtype), None
-
-
-_functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
-                            lambda: False)  # inside torch.func.grad, vmap, ...
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -196,6 +153,12 @@ class _Sublayers(nn.Module):
     def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
         _check_layer_input(x, name, self.cfg.d_model, self.ff_norm.weight.dtype)
 
+    def _odd_x(self, x) -> bool:
+        "Whether `x` may not be `(B, T, C)` tokens of the layer's width and dtype."
+        return (not isinstance(x, torch.Tensor) or x.dim() != 3 or 0 in x.shape
+                or x.shape[-1] != self.cfg.d_model
+                or x.dtype != self.ff_norm.weight.dtype)
+
 
 class EncoderLayer(_Sublayers):
     """Self-attention then feed-forward, each inside a residual connection and a norm:
@@ -212,8 +175,8 @@ class EncoderLayer(_Sublayers):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions=None) -> torch.Tensor:
-        if not door.checked:  # (appendix D; attention checks the mask and positions)
-            self._check_x(x)
+        if self._odd_x(x):  # shapes and dtypes (appendix D); attention checks the mask
+            self._check_x(x)  # raises
         x = self._residual(x, self.attn_norm,
                            lambda h: self.self_attn(h, mask=mask, positions=positions))
         return self._residual(x, self.ff_norm, self.ff)
@@ -250,6 +213,10 @@ def _check_decoder_layer_args(layer, x, memory, memory_mask, cross_cache) -> Non
                             x, layer.cross_attn.n_heads)
 
 # %% ../nbs/09_layers.ipynb #f1cab049
+_compile_region = getattr(torch.compiler, "nested_compile_region",  # (older torch:
+                          lambda forward: forward)  # the whole step, one graph)
+
+
 class DecoderLayer(_Sublayers):
     """Masked self-attention, cross-attention over `memory` (the encoder output), then
     feed-forward: `(B, T, C) → (B, T, C)`. With `cross_attention=False`, a GPT block.
@@ -270,6 +237,7 @@ class DecoderLayer(_Sublayers):
                               cfg.dropout)
         self.ff_norm = cfg.make_norm()
 
+    @_compile_region  # compiled once, run by every layer (chapter 12)
     def forward(self,
                 x: torch.Tensor,  # (B, T, C) target tokens
                 memory: torch.Tensor | None = None,  # (B, S, C) encoder output
@@ -280,7 +248,8 @@ class DecoderLayer(_Sublayers):
                 cross_cache=None,  # cross-attention's, filled once from memory
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 ) -> torch.Tensor:
-        if not door.checked:  # (appendix D; attention checks `mask` and the caches)
+        if (self._odd_x(x) or self.cross_attn is not None or memory is not None
+                or cross_cache is not None):  # shapes (appendix D); attention: the rest
             _check_decoder_layer_args(self, x, memory, memory_mask, cross_cache)
         x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
             h, mask=mask, positions=positions, cache=self_cache, is_causal=is_causal))
@@ -291,6 +260,14 @@ class DecoderLayer(_Sublayers):
         return self._residual(x, self.ff_norm, self.ff)
 
 # %% ../nbs/09_layers.ipynb #e48b06cc
+def _positions_fit(positions: torch.Tensor, B: int, T: int) -> bool:
+    """Whether `positions` is `(T,)` or `(B, T)`, compared size by size (under a
+    compiler, sizes may be symbols)."""
+    n = positions.dim()
+    return (n == 1 and positions.shape[0] == T) or (
+        n == 2 and positions.shape[0] == B and positions.shape[1] == T)
+
+
 def _check_stack_args(stack: nn.Module, x, mask, positions,
                       keys: int | None = None) -> None:
     "Raise unless `x`, `mask` (to `(B, H, T, keys)`; keys = T) and `positions` fit."
@@ -304,10 +281,10 @@ def _check_stack_args(stack: nn.Module, x, mask, positions,
         raise ValueError("positions were given, but this stack has no rotary "
                          "embedding")
     check_tensor(positions, "positions")
-    if tuple(positions.shape) not in ((T,), (B, T)):
+    if not _positions_fit(positions, B, T):
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
                          f"got shape {shape_str(positions)}")
-    stack.rotary.angles(positions)  # their dtype and range
+    _check_angle_positions(positions)  # an integer tensor (the model reads the values)
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
@@ -333,9 +310,7 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_stack_args(self, x, mask, positions)
-            return inside(Encoder.forward, self, x, mask, positions)
+        _check_stack_args(self, x, mask, positions)  # shapes and dtypes (appendix D)
         angles = _stack_positions(self.rotary, positions, 0, x)
         for layer in self.layers:
             x = layer(x, mask, angles)
@@ -343,7 +318,7 @@ class Encoder(nn.Module):
 
 # %% ../nbs/09_layers.ipynb #6315ce0c
 class _DecoderPlumbing(nn.Module):
-    """What a `Decoder` does besides computing: it checks its arguments at the door and,
+    """What a `Decoder` does besides computing: it checks the shapes of its arguments and,
     while generating, hands each layer its caches and advances the stack's length."""
 
     def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):
@@ -402,10 +377,7 @@ class Decoder(_DecoderPlumbing):
                 memory_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None,
                 is_causal: bool = False) -> torch.Tensor:
-        args = (x, memory, mask, memory_mask, positions, cache, is_causal)
-        if not door.checked:  # (appendix D: checked once, at the door)
-            self._check(*args)
-            return inside(Decoder.forward, self, *args)
+        self._check(x, memory, mask, memory_mask, positions, cache, is_causal)
         past, caches = self._layer_caches(cache, x.shape[-2])  # no cache: 0, Nones
         angles = _stack_positions(self.rotary, positions, past, x)
         for layer, (self_cache, cross_cache) in zip(self.layers, caches):

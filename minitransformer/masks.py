@@ -7,7 +7,7 @@ import torch
 
 from .checks import (
     broadcast_shape, check_bool_mask, check_float_dtype, check_int, check_positive_int,
-    check_tensor, door, is_integer_tensor, shape_str)
+    check_tensor, is_integer_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['causal_mask', 'padding_mask', 'padding_mask_from_ids', 'combine_masks', 'padding_mask_from_real', 'decoder_mask',
@@ -19,9 +19,12 @@ def causal_mask(T: int,  # number of queries: the last T of the S positions
                 device=None) -> torch.Tensor:  # (T, S) bool, True = may attend
     """Causal mask `(T, S)`, aligned bottom-right: query i (at position S-T+i) may
     attend to keys 0..S-T+i."""
-    if not door.checked:  # (appendix D: checked once, at the door)
-        T, S = _check_causal(T, S)  # ints, 1 <= T <= S
-    S = T if S is None else S
+    T, S = _check_causal(T, S)  # ints, 1 <= T <= S
+    return _causal(T, S, device)
+
+
+def _causal(T: int, S: int, device=None) -> torch.Tensor:
+    "`causal_mask` without its checks, for sizes the package has computed."
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
 
 # %% ../nbs/08_masks.ipynb #53403d81
@@ -112,8 +115,7 @@ def padding_mask_from_real(real: torch.Tensor,  # (B, S) bool, True = real token
                            name: str = "real",  # its name in error messages
                            ) -> torch.Tensor:  # (B, 1, 1, S) bool, True = real token
     "Key-padding mask `(B, 1, 1, S)` from a `(B, S)` mask of real tokens (a view)."
-    if not door.checked:  # (appendix D: checked once, at the door)
-        _check_real(real, B, S, name)  # bool (B, S), of the sizes given
+    _check_real(real, B, S, name)  # bool (B, S), of the sizes given
     return real[:, None, None, :]
 
 
@@ -127,9 +129,14 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     `keys` (a static cache's max_len, default past + T): the key positions attention
     reads; those from past + T on are still empty and masked (`attention_mask` may
     then also be `(B, keys)`)."""
-    if not door.checked:  # (appendix D: checked once, at the door)
-        B, T, past, keys = check_decoder_masks(B, T, past, attention_mask,
-                                               full_attention_mask, keys)
+    B, T, past, keys = check_decoder_masks(B, T, past, attention_mask,
+                                           full_attention_mask, keys)
+    return _decoder_mask(B, T, past, attention_mask, full_attention_mask, device, keys)
+
+
+def _decoder_mask(B: int, T: int, past: int, attention_mask=None,
+                  full_attention_mask=None, device=None, keys: int | None = None):
+    "`decoder_mask` without its checks (a model has checked its masks on entry)."
     S = past + T
     keys = S if keys is None else keys
     if full_attention_mask is not None:
@@ -137,7 +144,7 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     if T == 1 and attention_mask is None and keys == S:  # the newest token sees all
         return None
     # causal (T, keys): query i, at position past + i, sees keys 0 .. past + i
-    mask = _empty_after(causal_mask(T, S, device=device), keys)
+    mask = _empty_after(_causal(T, S, device), keys)
     if attention_mask is not None:  # (B, 1, T, keys)
         whole = keys != S and tuple(attention_mask.shape) == (B, keys)
         real = attention_mask[:, None, None, :]  # (B, 1, 1, S or keys)
@@ -169,12 +176,15 @@ def check_decoder_masks(B, T, past, attention_mask=None, full_attention_mask=Non
             raise ValueError("give attention_mask (real tokens) or "
                              "full_attention_mask, not both")
         check_bool_mask(full_attention_mask, "full_attention_mask")
-        want = (B, 1, T, S)  # (B, H, T, S) or anything that broadcasts to it
-        shape = full_attention_mask.shape
-        if (shape[-2:] != want[-2:] or full_attention_mask.dim() > 4
-                or (full_attention_mask.dim() == 4 and shape[0] not in (1, B))):
+        shape = full_attention_mask.shape  # (B, H, T, S) or what broadcasts to it
+        wide = S if keys is None else keys  # (a static cache's: S or all its keys)
+        if (full_attention_mask.dim() < 2 or shape[-2] != T  # (no `in`: sizes may
+                or (shape[-1] != S and shape[-1] != wide)  # be symbols, compiled)
+                or full_attention_mask.dim() > 4
+                or (full_attention_mask.dim() == 4 and shape[0] != 1 and shape[0] != B)):
+            also = "" if wide == S else f" or {wide} (keys)"
             raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
-                             f"B={B}, T={T}, S={S}, got {tuple(shape)}")
+                             f"B={B}, T={T}, S={S}{also}, got {tuple(shape)}")
     elif attention_mask is not None:
         whole = (keys not in (None, S) and isinstance(attention_mask, torch.Tensor)
                  and tuple(attention_mask.shape) == (B, keys))

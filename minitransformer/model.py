@@ -11,13 +11,13 @@ from torch import nn
 from .attention import check_mask
 from minitransformer.checks import (
     check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_module,
-    check_number, check_positive_int, check_tensor, door, inside, is_integer_tensor,
-    shape_str)
+    check_number, check_positive_int, check_tensor, is_integer_tensor, shape_str,
+    tracing)
 from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache, check_encoder_output
-from .layers import Decoder, Encoder, LayerConfig
+from .layers import Decoder, Encoder, LayerConfig, _positions_fit
 from .masks import (
-    check_decoder_masks, decoder_mask, padding_mask_from_real)
+    _decoder_mask, check_decoder_masks, padding_mask_from_real)
 from .multihead import default_positions
 from .positions import (
     LearnedPositions, RotaryEmbedding, SinusoidalPositions, check_positions)
@@ -95,13 +95,13 @@ def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
     """A decoder's self-attention `(mask, is_causal)`: no mask for causality alone over
     T > 1 tokens; a static cache is read whole, so its empty slots are masked."""
     keys = None
-    if cache is not None and cache.static:  # (the room for T more: at the door)
+    if cache is not None and cache.static:  # (the room for T more: checked on entry)
         keys = cache.self_attn[0].k.shape[2]
     if (T > 1 and attention_mask is None and full_attention_mask is None
             and keys is None):
         return None, True
-    return decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
-                        keys=keys), False
+    return _decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
+                         keys=keys), False
 
 
 def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
@@ -121,14 +121,13 @@ def _check_pad_id(pad_id: int, *vocab_sizes: int) -> None:
 
 def _ids(ids: torch.Tensor, name: str) -> tuple[int, int]:
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
-    if not door.checked:  # (appendix D: checked once, at the door)
-        check_tensor(ids, name)
-        if not is_integer_tensor(ids):
-            raise TypeError(f"{name} must be integer token ids (torch.long), got "
-                            f"dtype {ids.dtype}")
-        if ids.dim() != 2 or 0 in ids.shape:
-            raise ValueError(f"{name} must be (B, T) token ids with B, T >= 1, got "
-                             f"shape {shape_str(ids)}")
+    check_tensor(ids, name)
+    if not is_integer_tensor(ids):
+        raise TypeError(f"{name} must be integer token ids (torch.long), got "
+                        f"dtype {ids.dtype}")
+    if ids.dim() != 2 or 0 in ids.shape:
+        raise ValueError(f"{name} must be (B, T) token ids with B, T >= 1, got "
+                         f"shape {shape_str(ids)}")
     return ids.shape
 
 
@@ -140,15 +139,33 @@ def _check_length(T: int, max_len: int, past: int = 0,
         raise ValueError(f"{before}{T} tokens exceed the model's max_len {max_len}")
 
 
-def _check_model_positions(positions, B: int, T: int, max_len: int) -> None:
-    "Raise unless `positions` is None or integer `(T,)` / `(B, T)` in [0, max_len)."
+def _check_model_positions(positions, B: int, T: int) -> None:
+    "Raise unless `positions` is None or an integer tensor `(T,)` / `(B, T)`."
     if positions is None:
         return
     check_tensor(positions, "positions")
-    if tuple(positions.shape) not in ((T,), (B, T)):
+    if not _positions_fit(positions, B, T):
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
                          f"got shape {shape_str(positions)}")
-    check_positions(positions, max_len)  # integers in range: reads the values
+    if not is_integer_tensor(positions):
+        raise TypeError(f"positions must be an integer tensor, got dtype "
+                        f"{positions.dtype}")
+
+
+def _check_ranges(ids, vocab_size: int, name: str, positions=None,
+                  max_len: int = 0) -> None:
+    """Raise unless `ids` lie in [0, vocab_size) and `positions` (if any) in
+    [0, max_len): the values are read once, together, and not under a tracer."""
+    if tracing():  # (appendix D: a tracer records the call, it has no values)
+        return
+    both = positions is not None and positions.numel()
+    ends = torch.stack([ids.min(), ids.max()] + (  # one transfer for all four
+        [positions.min().to(ids.dtype), positions.max().to(ids.dtype)] if both else []))
+    low, high, *where = ends.tolist()
+    if low < 0 or high >= vocab_size:
+        check_token_ids(ids, vocab_size, name)  # raises, naming the first bad id
+    if where and (where[0] < 0 or where[1] >= max_len):
+        check_positions(positions, max_len)  # raises
 
 
 def _check_config(config, cls: type) -> None:
@@ -165,12 +182,12 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     model.decoder.check_cache(cache, B, T, memory)
     past = 0 if cache is None else len(cache)
     _check_length(T, c.max_len, past)
-    check_token_ids(ids, vocab_size, name)  # reads the values
-    _check_model_positions(positions, B, T, c.max_len)
+    _check_model_positions(positions, B, T)
+    _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read
     keys = None if cache is None or not cache.static else cache.max_len
     check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
-    if full_attention_mask is not None:  # its heads, too: (B, H, T, past + T)
-        check_mask(full_attention_mask, (B, c.n_heads, T, past + T))
+    if full_attention_mask is not None:  # its heads, too: (B, H, T, its keys)
+        check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.shape[-1]))
     check_flag(last_only, "last_only")
     return B
 
@@ -216,7 +233,7 @@ def _check_text_encoder(model, ids, attention_mask, token_type_ids, prefix) -> N
     check_token_ids(ids, model.config.vocab_size, "ids")
     if attention_mask is not None:
         padding_mask_from_real(attention_mask, B, T, "attention_mask")
-    _token_types(token_type_ids, ids, model.config.type_vocab_size)
+    # (the token types: in forward, by _token_types)
 
 
 def _check_prefix(model, prefix, B: int) -> int:
@@ -235,8 +252,6 @@ def _token_types(token_type_ids, ids: torch.Tensor, n_types: int):
     "The checked token types `(B, T)`, zeros if None (and None without types)."
     if token_type_ids is None:
         return torch.zeros_like(ids) if n_types else None
-    if door.checked:  # (appendix D: checked once, at the door)
-        return token_type_ids
     if not n_types:
         raise ValueError("token_type_ids were given, but the config has "
                          "type_vocab_size=0")
@@ -316,11 +331,8 @@ class GPT(nn.Module):
                 full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
                 last_only: bool = False,  # logits of the last position only, (B, 1, V)
                 ) -> torch.Tensor:  # (B, T, V) logits
-        args = (ids, attention_mask, positions, cache, full_attention_mask, last_only)
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_decoding(self, ids, "ids", self.config.vocab_size, positions, cache,
-                            None, attention_mask, full_attention_mask, last_only)
-            return inside(GPT.forward, self, *args)
+        _check_decoding(self, ids, "ids", self.config.vocab_size, positions, cache,
+                        None, attention_mask, full_attention_mask, last_only)
         past = 0 if cache is None else cache.length
         B, T = ids.shape
         if positions is None:
@@ -391,10 +403,8 @@ class Transformer(nn.Module):
     def encode(self, src: torch.Tensor, source_mask: torch.Tensor | None = None):
         """Encoder output `(B, S, C)` and the source's real-token mask `(B, S)`
         (`source_mask`, by default: the tokens that are not `pad_id`)."""
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_text_ids(src, source_mask, self.config.src_vocab_size,
-                            self.config.max_len, "src", "source_mask")
-            return inside(Transformer.encode, self, src, source_mask)
+        _check_text_ids(src, source_mask, self.config.src_vocab_size,
+                        self.config.max_len, "src", "source_mask")  # (appendix D)
         S = src.shape[1]
         if source_mask is None:
             source_mask = src != self.config.pad_id
@@ -410,10 +420,7 @@ class Transformer(nn.Module):
                positions: torch.Tensor | None = None,  # default: after the cache
                cache: DecoderCache | None = None,  # from make_cache(memory)
                ) -> torch.Tensor:  # (B, T, V_tgt)
-        args = (tgt, memory, source_mask, attention_mask, positions, cache)
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_decode(self, *args)
-            return inside(Transformer.decode, self, *args)
+        _check_decode(self, tgt, memory, source_mask, attention_mask, positions, cache)
         past = 0 if cache is None else cache.length
         B, T = tgt.shape
         if positions is None:
@@ -490,10 +497,7 @@ class TextEncoder(nn.Module):
                 ) -> torch.Tensor:  # (B, T, C); with a prefix (B, P + T, C)
         """`prefix` vectors (a classifier's learned `[CLS]`) go in front of the token
         embeddings: they are real, take positions 0..P-1 and token type 0."""
-        args = (ids, attention_mask, token_type_ids, prefix)
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_text_encoder(self, *args)
-            return inside(TextEncoder.forward, self, *args)
+        _check_text_encoder(self, ids, attention_mask, token_type_ids, prefix)
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         types = _token_types(token_type_ids, ids, self.config.type_vocab_size)
         if prefix is not None:  # real, of type 0
@@ -511,8 +515,7 @@ def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
     """One vector per text: the average of its real tokens' vectors (as
     sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1 if
     `normalize`. A text with no real token gets the zero vector."""
-    if not door.checked:  # (appendix D: checked once, at the door)
-        _check_pool(hidden, mask)
+    _check_pool(hidden, mask)  # (appendix D)
     weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
     return nn.functional.normalize(pooled, dim=-1) if normalize else pooled
@@ -559,10 +562,8 @@ class EncoderClassifier(nn.Module):
     def forward(self, ids: torch.Tensor,  # (B, T) token ids
                 attention_mask: torch.Tensor | None = None,  # (B, T), True = real
                 ) -> torch.Tensor:  # (B, n_classes)
-        if not door.checked:  # (appendix D: checked once, at the door)
-            c = self.config
-            _check_text_ids(ids, attention_mask, c.vocab_size, c.max_len)
-            return inside(EncoderClassifier.forward, self, ids, attention_mask)
+        c = self.config
+        _check_text_ids(ids, attention_mask, c.vocab_size, c.max_len)  # (appendix D)
         if self.cls is not None:  # (B, 1 + T, C): [CLS] first, read at the top
             hidden = self.text_encoder(ids, attention_mask, prefix=self.cls)
             return self.head(hidden[:, 0])
@@ -609,9 +610,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(c.d_model, c.n_classes)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_images(self, images)
-            return inside(VisionTransformer.forward, self, images)
+        _check_images(self, images)  # (appendix D)
         x = self.patchify(images)  # (B, C, h, w): one C-vector per patch
         x = x.flatten(2).transpose(1, 2)  # (B, N, C), N = h·w patches
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + N, C)

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from .attention import (
-    attention_with_weights, scaled_dot_product_attention)
+    _attend, _check_mask, attention_with_weights, scaled_dot_product_attention)
 from .checks import (
-    check_dropout, check_int, check_positive_int, check_tensor, door, shape_str)
+    check_dropout, check_int, check_positive_int, check_tensor, shape_str)
 from .qkv import QKVProjection
 
 # %% auto #0
@@ -20,8 +20,12 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices.
 
     A view of `x`; B may be several dimensions or none, and B or T may be 0."""
-    if not door.checked:  # (appendix D: checked once, at the door)
-        _check_split(x, n_heads)  # x a tensor (..., T, C); n_heads an int dividing C
+    _check_split(x, n_heads)  # x a tensor (..., T, C); n_heads an int dividing C
+    return _split_heads(x, n_heads)
+
+
+def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    "`split_heads` without its checks (the modules call it with what they built)."
     *lead, T, C = x.shape
     x = x.view(*lead, T, n_heads, C // n_heads)  # (B, T, H, D)
     return x.transpose(-3, -2)  # (B, H, T, D)
@@ -29,8 +33,12 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     "`(B, H, T, D)` → `(B, T, H·D)`: the heads side by side (concatenated, not summed)."
-    if not door.checked:
-        _check_merge(x)  # x a tensor (..., H, T, D)
+    _check_merge(x)  # x a tensor (..., H, T, D)
+    return _merge_heads(x)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    "`merge_heads` without its checks."
     *lead, H, T, D = x.shape
     return x.transpose(-3, -2).reshape(*lead, T, H * D)  # (B, T, H, D) -> (B, T, H·D)
 
@@ -74,13 +82,14 @@ class HeadProjection(nn.Module):
 
     def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
         "Queries `(B, H, T, D)`, keys and values `(B, H_kv, S, D)`."
-        if not door.checked:
+        if (context is not None or cache is not None
+                or (positions is not None and self.rotary is None)):
             _check_project_args(x, context, positions, cache, self.rotary)
         if context is not None and not isinstance(context, torch.Tensor):  # a cache
-            return (split_heads(self.qkv.queries(x), self.n_heads),
+            return (_split_heads(self.qkv.queries(x), self.n_heads),
                     *context.keys_values())
         q, k, v = self.qkv(x, context)  # (B, T, C); (B, S, H_kv·D) twice
-        q, (k, v) = split_heads(q, self.n_heads), self._kv_heads(k, v)  # (B, H, T, D)
+        q, (k, v) = _split_heads(q, self.n_heads), self._kv_heads(k, v)  # (B, H, T, D)
         if self.rotary is not None or cache is not None:  # rotate; extend the cache
             q, k, v = _rotate_and_cache(self.rotary, q, k, v, positions, cache)
         return q, k, v
@@ -99,8 +108,8 @@ class HeadProjection(nn.Module):
 # %% ../nbs/05_multihead.ipynb #1fb8b252
 def default_positions(past: int, T: int, device=None) -> torch.Tensor:
     "Positions `past, ..., past+T-1` (int64) of T new tokens after `past` earlier ones."
-    if not door.checked:
-        check_int(past, "past", minimum=0)
+    if type(past) is not int or type(T) is not int or past < 0 or T < 0:
+        check_int(past, "past", minimum=0)  # (inline first: this runs every call)
         check_int(T, "T", minimum=0)  # T = 0: no new tokens, an empty tensor
     return torch.arange(past, past + T, device=device)
 
@@ -162,9 +171,8 @@ def _check_torch_ref(ref) -> None:
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     "`(B, H_kv, S, D)` → `(B, H_kv·groups, S, D)`: each K/V head serves `groups` heads."
-    if not door.checked:
-        check_tensor(x, "x", min_dim=3)
-        groups = check_positive_int(groups, "groups")
+    check_tensor(x, "x", min_dim=3)
+    groups = check_positive_int(groups, "groups")
     if groups == 1:
         return x
     *lead, H, S, D = x.shape
@@ -240,11 +248,12 @@ class MultiHeadAttention(HeadProjection):
                 is_causal: bool = False,  # also: no query sees a later key
                 ) -> torch.Tensor:  # (B, T, C)
         q, k, v = self.project(x, context, positions, cache)  # K, V: H_kv heads
+        if mask is not None and _odd_mask(mask, q.shape[-2], k.shape[-2]):
+            _check_mask(mask, (*q.shape[:-2], q.shape[-2], k.shape[-2]))  # raises
         p = self.dropout if self.training else 0.0
-        o = scaled_dot_product_attention(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
-                                         enable_gqa=self.n_kv_heads != self.n_heads,
-                                         is_causal=is_causal)
-        return self.out(merge_heads(o))  # (B, T, C)
+        o = _attend(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
+                    enable_gqa=self.n_kv_heads != self.n_heads, is_causal=is_causal)
+        return self.out(_merge_heads(o))  # (B, T, C)
 
     def forward_with_weights(self, x, context=None, mask=None, positions=None,
                              cache=None, is_causal=False):
@@ -276,6 +285,14 @@ class MultiHeadAttention(HeadProjection):
               else "")
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, {kv}"
                 f"head_dim={self.head_dim}, dropout={self.dropout}")
+
+
+def _odd_mask(mask: torch.Tensor, T: int, S: int) -> bool:
+    "Whether `mask` may not be a boolean mask to `(..., T, S)` (then check it fully)."
+    n = mask.dim()
+    return (mask.dtype != torch.bool or n > 4 or (n >= 1 and mask.shape[-1] != S
+            and mask.shape[-1] != 1) or (n >= 2 and mask.shape[-2] != T
+                                         and mask.shape[-2] != 1))
 
 # %% ../nbs/05_multihead.ipynb #a77fbaa5
 @torch.no_grad()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .checks import (
-    check_flag, check_float_dtype, check_number, check_positive_int, check_tensor, door,
+    check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
     is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
@@ -58,20 +58,20 @@ class SinusoidalPositions(nn.Module):
         self.d_model, self.max_len, self.base = d_model, max_len, base
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not door.checked:  # (appendix D: checked once, at the door)
-            check_positions(positions, self.max_len)
+        if not (isinstance(positions, torch.Tensor) and is_integer_tensor(positions)):
+            check_positions(positions, self.max_len)  # raises: not integer positions
         return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
 
 # %% ../nbs/07_positions.ipynb #d05b0046
 def check_positions(positions: torch.Tensor, max_len: int) -> torch.Tensor:
     """`positions` if it is an integer tensor with every value in `[0, max_len)` (the
-    values are not read while `torch.compile` traces); else raise."""
+    values are read once, and not at all while a tracer runs); else raise."""
     check_tensor(positions, "positions")
     max_len = check_positive_int(max_len, "max_len")
     if not is_integer_tensor(positions):
         raise TypeError("positions must be an integer tensor, "
                         f"got dtype {positions.dtype}")
-    if tracing() or not positions.numel():  # (torch.compile: values not read)
+    if tracing() or not positions.numel():  # (appendix D: under a tracer)
         return positions
     low, high = torch.stack(torch.aminmax(positions)).tolist()  # one transfer
     if low < 0 or high >= max_len:
@@ -98,15 +98,19 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(table)  # (max_len, C)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not door.checked:
+        if not (isinstance(positions, torch.Tensor) and is_integer_tensor(positions)):
+            check_positions(positions, self.max_len)  # raises: not integer positions
+        try:
+            return self.weight[positions]  # (..., T, C)
+        except IndexError:  # a position outside the table: say which (values read now)
             check_positions(positions, self.max_len)
-        return self.weight[positions]
+            raise
 
 # %% ../nbs/07_positions.ipynb #71c7a3b9
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding for queries and keys `(..., T, D)`: pair i of the
     vector at position m is rotated by m·θ_i, θ_i = base^(-2i/D). Pairs are neighbours
-    (`interleaved=True`) or the two halves."""
+    (`interleaved=True`) or the two halves (x_i, x_{i+D/2})."""
 
     def __init__(self,
                  head_dim: int,  # D, the width of one head's queries and keys; even
@@ -119,78 +123,48 @@ class RotaryEmbedding(nn.Module):
         self.base, self.interleaved = base, interleaved
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tables `rotate` multiplies by, `(T, D)` or `(B, T, D)`: cos m·θ_i under
-        both numbers of pair i, and sin m·θ_i with the first one's sign flipped."""
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_angle_positions(positions, self.max_len)  # (T,) or (B, T), in range
+        """cos and sin of every pair's angle m·θ_i, under both numbers of the pair:
+        two tables `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)`."""
+        if not (isinstance(positions, torch.Tensor) and 1 <= positions.dim() <= 2
+                and is_integer_tensor(positions)):
+            _check_angle_positions(positions)  # raises
         dtype = _angle_dtype(positions.device)
         i2 = torch.arange(0, self.head_dim, 2, dtype=dtype, device=positions.device)
         theta = self.base ** (-i2 / self.head_dim)  # (D/2,): 2i = 0, 2, ..., D-2
-        angles = positions.to(dtype)[..., None] * theta  # (T, D/2) or (B, T, D/2)
-        cos, sin = angles.cos().float(), angles.sin().float()
+        angles = positions.to(dtype)[..., None] * theta  # (..., T, D/2)
         pair = -1 if self.interleaved else -2  # neighbours, or the two halves
-        # made once per model call and shared by the queries and keys of every layer
-        cos = torch.stack([cos, cos], pair).flatten(-2)  # (..., T, D)
-        return cos, torch.stack([-sin, sin], pair).flatten(-2)
+        angles = torch.stack([angles, angles], pair).flatten(-2)  # (..., T, D)
+        return angles.cos().float(), angles.sin().float()
 
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        "`x` `(..., T, D)` rotated by `angles` from `self.angles(positions)`."
-        if not door.checked:
-            _check_rotate(x, angles, self.head_dim)  # they fit; else raise
+        "`x` `(..., T, D)` rotated by `angles`: `x·cos + turn(x)·sin`."
+        if _odd_rotation(x, angles, self.head_dim):
+            _check_rotate(x, angles, self.head_dim)  # raises
         cos, sin = angles  # each (T, D) or (B, T, D)
-        if (cos.dim() == 2 and x.requires_grad and torch.is_grad_enabled()
-                and x.dtype == torch.float32 and x.device.type == "cpu"
-                and self.head_dim <= 64):  # training (see _rotate_by_matrices)
-            return _rotate_by_matrices(x, self._matrices(cos, sin))
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
-        # (no copy into a contiguous layout: the output keeps x's, and so does the
-        # gradient that attention sends back through it)
         xf = x.float()  # float32 arithmetic also for bfloat16 (a no-op for float32)
-        if self.interleaved:  # x·cos + (x1, x0, x3, x2, ...)·sin
-            swapped = torch.stack([xf[..., 1::2], xf[..., 0::2]], -1).flatten(-2)
-        else:  # rotate_half: x·cos + (second half, first half)·sin
-            x1, x2 = xf.chunk(2, dim=-1)
-            swapped = torch.cat([x2, x1], -1)
-        return (xf * cos + swapped * sin).to(x.dtype)  # same shape and dtype as x
+        return (xf * cos + self._turn(xf) * sin).to(x.dtype)  # x's shape and dtype
 
-    def _matrices(self, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        "The rotations R_t `(T, D, D)` of these tables, made once per model call."
-        last = getattr(self, "_last", None)
-        if last is None or last[0] is not cos:  # new tables: a new model call
-            D = self.head_dim
-            swap = (torch.arange(D, device=cos.device).view(-1, 2).flip(-1).flatten()
-                    if self.interleaved  # 1, 0, 3, 2, ...: the pair's other number
-                    else torch.arange(D, device=cos.device).roll(D // 2))
-            R = torch.diag_embed(cos) + torch.diag_embed(sin)[:, swap]  # rows swapped
-            self._last = last = (cos, R)
-        return last[1]
-
-    def __getstate__(self) -> dict:  # (pickle, deepcopy: without the matrices)
-        return {k: v for k, v in self.__dict__.items() if k != "_last"}
+    def _turn(self, x: torch.Tensor) -> torch.Tensor:
+        "Every pair (a, b) of `x` turned a quarter turn, to (-b, a)."
+        if self.interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
+            return torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+        x1, x2 = x.chunk(2, dim=-1)  # rotate_half: [x1, x2] -> [-x2, x1]
+        return torch.cat([-x2, x1], -1)
 
     def forward(self,
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
                 positions: torch.Tensor,  # (T,) or (B, T): the position of each vector
                 ) -> torch.Tensor:  # x rotated, same shape and dtype (T = 0: empty)
+        check_positions(positions, self.max_len)  # (a model checks before `angles`)
         return self.rotate(x, self.angles(positions))
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, "
                 f"interleaved={self.interleaved}")
-
-def _rotate_by_matrices(x: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
-    """`rotate` as one batched matrix product: the vectors at position t, as rows,
-    times the (D, D) rotation R_t, for every t at once. Forward and backward are then
-    one product each instead of four passes over x each: faster in training on the CPU
-    while D is small (the product costs 2·D operations per number, the passes 4), and
-    rounded like the passes to about one unit in the last place."""
-    T, D = x.shape[-2], x.shape[-1]
-    rows = x.movedim(-2, 0).reshape(T, -1, D)  # (T, ·, D): every vector at position t
-    return torch.bmm(rows, R).view(T, *x.shape[:-2], D).movedim(0, -2)
-
 
 # %% ../nbs/07_positions.ipynb #d7e4e065
 def _check_rotary_args(head_dim, max_len, base, interleaved) -> None:
@@ -203,12 +177,28 @@ def _check_rotary_args(head_dim, max_len, base, interleaved) -> None:
     check_flag(interleaved, "interleaved")
 
 
-def _check_angle_positions(positions, max_len: int) -> None:
-    "Raise unless `positions` is `(T,)` or `(B, T)` integers in `[0, max_len)`."
-    check_positions(positions, max_len)  # reads the values
+def _check_angle_positions(positions) -> None:
+    "Raise unless `positions` is an integer tensor `(T,)` or `(B, T)`."
+    check_tensor(positions, "positions")
+    if not is_integer_tensor(positions):
+        raise TypeError(f"positions must be an integer tensor, got dtype "
+                        f"{positions.dtype}")
     if positions.dim() not in (1, 2):
         raise ValueError(f"positions must be (T,) or (B, T), got shape "
                          f"{shape_str(positions)}")
+
+
+def _odd_rotation(x, angles, head_dim: int) -> bool:
+    "Whether `x` and `angles` may not fit (then `_check_rotate` says how)."
+    if not (type(angles) is tuple and len(angles) == 2 and isinstance(x, torch.Tensor)
+            and isinstance(angles[0], torch.Tensor) and x.dim() >= 2):
+        return True
+    cos, n = angles[0], angles[0].dim()
+    return (x.shape[-1] != head_dim or cos.shape != angles[1].shape
+            or cos.shape[-1] != head_dim or cos.shape[-2] != x.shape[-2]
+            or not x.is_floating_point() or not (n == 2 or (
+                n == 3 and (x.dim() == 3 or x.dim() == 4)
+                and (cos.shape[0] == 1 or cos.shape[0] == x.shape[0]))))
 
 
 def _check_rotate(x, angles, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ from torch.nn.utils import skip_init
 
 from .checks import (
     broadcast_shape, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    check_width, door, shape_str)
+    check_width, shape_str)
 
 # %% auto #0
 __all__ = ['QKVProjection', 'check_qkv']
@@ -58,23 +58,22 @@ class QKVProjection(nn.Module):
                 context: torch.Tensor | None = None,  # (..., S, C): answers; x if None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`; empty if T or S is 0."
-        if not door.checked:  # (appendix D: checked once, at the door)
-            _check_qkv_inputs(self, x, context)
+        if (not isinstance(x, torch.Tensor) or x.dim() < 2 or context is not None
+                or x.shape[-1] != self.d_model or x.dtype != self.q_proj.weight.dtype):
+            _check_qkv_inputs(self, x, context)  # (inline first: the common case)
         if context is None:  # self-attention
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return self.q_proj(x), self.k_proj(context), self.v_proj(context)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         "Q alone, `(..., T, d_q)`."
-        if not door.checked:
-            _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
+        _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
         return self.q_proj(x)
 
     def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "K `(..., S, d_k)` and V `(..., S, d_v)` alone, from `context`."
-        if not door.checked:
-            _check_projection_input(context, "context", self.d_model,
-                                    self.k_proj.weight.dtype)
+        _check_projection_input(context, "context", self.d_model,
+                                self.k_proj.weight.dtype)
         return self.k_proj(context), self.v_proj(context)
 
 # %% ../nbs/03_qkv.ipynb #62d4ea96

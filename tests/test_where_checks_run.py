@@ -1,15 +1,15 @@
-"""Checks at the door (chapter 0): a public entry point checks its arguments once, then
-runs its body with `door.checked` raised, so the package's own inner calls skip their
-checks and read nothing back from the device.
+"""Where the checks run (appendix D): configuration in `__init__`, shapes and dtypes where
+they are used, tensor values once where a call enters the package (a model's forward on
+ids, `generate`, the standalone functions), and no flag: a hook, a subclass or a user's
+module inside a call gets the same checks as outside.
 
 Pinned here: the Python calls into the package and the host reads per decoded token on
-a 6-layer SmolLM2-shaped GPT; host reads of a model call do not grow with depth; the
-flag is lowered after errors and belongs to one thread; the per-call work that replaced
-per-token work (rotary tables, dropout at p = 0, the fused RMSNorm) computes the same.
+a 6-layer SmolLM2-shaped GPT; a model call reads the device once whatever its depth;
+checks inside hooks; RMSNorm's one formula (gradcheck in float64, float32 arithmetic for
+bfloat16, torch.func, a second derivative); rotary's one rotation.
 """
 import os
 import sys
-import threading
 
 import pytest
 import torch
@@ -17,9 +17,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import minitransformer
-from minitransformer.checks import door, inside
 from minitransformer.generation import generate, sample_next
 from minitransformer.layers import RMSNorm
+from minitransformer.masks import causal_mask
 from minitransformer.model import GPT, GPTConfig
 from minitransformer.positions import RotaryEmbedding
 
@@ -79,47 +79,6 @@ def test_a_decoded_token_costs_few_python_calls_and_one_host_read(prompts):
     assert calls <= 170, f"{calls} Python calls into the package per decoded token"
 
 
-def test_a_model_call_reads_the_device_once_whatever_its_depth():
-    ids = torch.randint(0, 256, (2, 9))
-    positions = torch.arange(3, 12)
-    for n_layers in (1, 6):
-        model = gpt(n_layers)
-        with torch.no_grad():
-            assert counted(lambda: model(ids))[1] == 1  # the token ids' range
-            assert counted(lambda: model(ids, positions=positions))[1] == 2  # and theirs
-
-
-def test_the_flag_is_lowered_after_an_error_and_inner_calls_skip_checks():
-    model = gpt(1)
-    with pytest.raises(ValueError, match="ids must lie in"):
-        model(torch.tensor([[300]]))
-    assert not door.checked
-    # inside the package, a module trusts what it is given: no check, no read
-    x = torch.randn(1, 3, 576)
-    assert counted(lambda: inside(model.decoder, x))[1] == 0
-    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
-        model.decoder(x.long())  # at the door it checks
-
-
-def test_the_flag_belongs_to_one_thread():
-    seen = []
-    norm = RMSNorm(4)
-
-    def other():
-        try:
-            norm(torch.randn(2, 5))  # a wrong width, while the main thread is inside
-        except ValueError as e:
-            seen.append(str(e))
-
-    def body():
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
-
-    inside(body)
-    assert seen and "expected 4" in seen[0]
-
-
 def test_no_dropout_module_runs_at_p_zero_or_in_eval():
     calls = []
     for dropout, train in ((0.0, True), (0.1, False)):
@@ -157,38 +116,6 @@ def test_rotary_tables_rotate_exactly_as_the_pairs_formula(interleaved):
     assert torch.equal(rope(x, positions), ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_fused_rms_norm_has_autograds_gradients(dtype):
-    g = torch.Generator().manual_seed(0)
-    norm = RMSNorm(16, eps=1e-5, dtype=dtype)
-    with torch.no_grad():
-        norm.weight.copy_(torch.randn(16, generator=g))
-    x = torch.randn(3, 7, 16, generator=g).to(dtype).requires_grad_()
-    out = norm(x)
-    grads = torch.autograd.grad((out.float() ** 2).sum(), (x, norm.weight))
-    xf, w = x.detach().float().requires_grad_(), norm.weight.detach().float().requires_grad_()
-    ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * w
-    refs = torch.autograd.grad((ref.to(dtype).float() ** 2).sum(), (xf, w))
-    with torch.no_grad():
-        assert torch.equal(out, norm(x))  # the same forward with and without autograd
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.02)
-    for got, want in zip(grads, refs):
-        torch.testing.assert_close(got.float(), want, **tol)
-
-
-def test_non_finite_logits_are_refused_with_the_one_read():
-    with pytest.raises(ValueError, match="finite largest score"):
-        sample_next(torch.tensor([[0.0, float("nan")]]), temperature=0)
-    with pytest.raises(ValueError, match="finite largest score"):
-        sample_next(torch.full((1, 3), float("-inf")), temperature=0.7)
-    model = gpt(1)
-    with torch.no_grad():
-        model.head.weight.fill_(float("nan"))
-    with pytest.raises(ValueError, match="finite largest score"):
-        generate(model, [[1, 2]], 3)
-    assert not door.checked and not door.no_empty_rows
-
-
 def test_a_subclass_that_overrides_forward_runs_once():
     calls = []
 
@@ -207,15 +134,7 @@ def test_a_subclass_that_overrides_forward_runs_once():
     assert calls == [1]
 
 
-def test_inside_restores_the_flag_it_found():
-    def nested():
-        inside(lambda: None)
-        return door.checked
-
-    assert inside(nested) is True and not door.checked
-
-
-def test_what_the_stacks_used_to_check_is_still_refused_at_the_door():
+def test_what_a_model_is_handed_is_refused_where_it_is_used():
     from minitransformer.model import Transformer, TransformerConfig
     model = gpt(1, vocab=50, d_model=16, n_heads=2, n_kv_heads=None, d_ff=32)
     ids = torch.randint(0, 50, (2, 3))
@@ -229,18 +148,100 @@ def test_what_the_stacks_used_to_check_is_still_refused_at_the_door():
         model(ids, cache=tr.make_cache(memory))
     with pytest.raises(ValueError, match="needs the encoder output"):
         tr.decode(ids.clamp(max=19), None, cache=model.make_cache(2))
-    cache = model.make_cache(2)
-    with pytest.raises(ValueError, match="one layer's part of a DecoderCache"):
-        cache.self_attn[0].update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8))
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        model(ids, cache=model.make_cache(2, max_len=2))
+    with pytest.raises(ValueError, match="does not fit a cache"):
+        model.make_cache(2).self_attn[0].update(torch.zeros(2, 3, 1, 8),
+                                                 torch.zeros(2, 3, 1, 8))
 
 
-def test_rms_norm_under_torch_func_and_twice_differentiated():
+def test_a_model_call_reads_the_device_once_whatever_its_depth():
+    ids = torch.randint(0, 256, (2, 9))
+    positions = torch.arange(3, 12)
+    for n_layers in (1, 6):
+        model = gpt(n_layers)
+        with torch.no_grad():
+            assert counted(lambda: model(ids))[1] == 1  # the token ids' range
+            assert counted(lambda: model(ids, positions=positions))[1] == 1  # with theirs
+
+
+def test_with_a_stop_token_a_decoded_token_costs_one_more_read():
+    model = gpt()
+    prompts = [[1, 2, 3, 4, 5]]
+    r4 = counted(lambda: generate(model, prompts, 4, stop_token=300))[1]
+    r12 = counted(lambda: generate(model, prompts, 12, stop_token=300))[1]
+    assert (r12 - r4) / 8 <= 2  # the model's check of the ids; whether rows stopped
+
+
+def test_a_hook_inside_a_call_gets_the_same_checks():
+    model = gpt(1)
+    seen = []
+
+    def hook(module, args, out):
+        for check in (lambda: sample_next(torch.tensor([[0.0, float("nan")]])),
+                      lambda: causal_mask(3, 2), lambda: module(torch.randn(1, 2, 5))):
+            try:
+                check()
+            except ValueError as e:
+                seen.append(str(e))
+
+    model.decoder.norm.register_forward_hook(hook)
+    generate(model, [[1, 2, 3]], 2)
+    assert len(seen) == 6, seen  # three refusals, in each of the two calls
+    assert "finite largest score" in seen[0] and "expected 576" in seen[2]
+
+
+def test_a_module_put_inside_a_model_checks_its_input():
+    model = gpt(1)
+    model.decoder.layers[0].ff_norm = RMSNorm(8)  # the wrong width, inside the stack
+    with pytest.raises(ValueError, match="x has width 576"):
+        model(torch.randint(0, 256, (1, 3)))
+
+
+def test_non_finite_logits_are_refused():
+    with pytest.raises(ValueError, match="finite largest score"):
+        sample_next(torch.tensor([[0.0, float("nan")]]), temperature=0)
+    with pytest.raises(ValueError, match="finite largest score"):
+        sample_next(torch.full((1, 3), float("-inf")), temperature=0.7)
+    model = gpt(1)
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    for stop_token in (None, 7):  # read at the end, or at every step
+        with pytest.raises(ValueError, match="finite largest score"):
+            generate(model, [[1, 2]], 3, stop_token=stop_token)
+
+
+def test_rms_norm_passes_gradcheck_in_float64():
+    torch.manual_seed(0)
+    norm = RMSNorm(6, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(norm, (x,))
+    assert torch.autograd.gradgradcheck(norm, (x,))  # a second derivative, too
+    assert norm(x).dtype == torch.float64
+
+
+def test_rms_norm_computes_bfloat16_in_float32():
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 16)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    half = norm.to(torch.bfloat16)(x.bfloat16())
+    assert half.dtype == torch.bfloat16
+    xb = x.bfloat16().float()
+    w = norm.weight.float()
+    want = xb * torch.rsqrt(xb.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    assert torch.equal(half, want.bfloat16())  # float32 arithmetic, rounded once
+    torch.testing.assert_close(half.float(), ref, atol=0.05, rtol=0.02)
+
+
+def test_rms_norm_under_torch_func():
     norm = RMSNorm(8)
     x = torch.randn(3, 8)
     plain = lambda x: (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
     torch.testing.assert_close(torch.func.grad(lambda x: norm(x).sum())(x),
                                torch.func.grad(plain)(x))
-    x.requires_grad_()
-    g, = torch.autograd.grad(norm(x).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError):  # refused, not a wrong second derivative
-        g.sum().backward()
+    torch.testing.assert_close(torch.func.vmap(norm)(x[:, None]), norm(x)[:, None])

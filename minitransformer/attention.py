@@ -33,10 +33,16 @@ def _check_mask(mask, shape: tuple) -> None:
     "`check_mask` for a `shape` known to be valid (inside the attention functions)."
     if mask is None:
         return
-    check_bool_mask(mask)
-    if broadcast_shape(mask.shape, shape) != tuple(shape):
-        raise ValueError(f"mask of shape {shape_str(mask)} does not broadcast to the "
-                         f"attention weights' shape {tuple(shape)} = (..., T, S)")
+    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool):
+        check_bool_mask(mask)  # raises
+    if mask.dim() <= len(shape):  # each size, from the right, is 1 or the shape's
+        for n, want in zip(reversed(mask.shape), reversed(shape)):
+            if n != 1 and n != want:
+                break
+        else:
+            return
+    raise ValueError(f"mask of shape {shape_str(mask)} does not broadcast to the "
+                     f"attention weights' shape {tuple(shape)} = (..., T, S)")
 
 
 def _check_args(q, k, v, mask, dropout_p, scale, enable_gqa: bool = False,

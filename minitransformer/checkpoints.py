@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .checks import check_float_dtype
 from .model import (
     GPT, EncoderClassifier, EncoderClassifierConfig, GPTConfig, TextEncoder,
     TextEncoderConfig, Transformer, TransformerConfig, ViTConfig, VisionTransformer)
@@ -172,6 +173,14 @@ def _expected(path: Path, meta: dict, layout: dict) -> tuple:
     return (cls, config, *expected_layout(cls, config))
 
 
+def _meta_model(cls: type, config) -> nn.Module:
+    "`cls(config)` on the meta device; a ValueError if its tensors could not exist."
+    try:
+        return cls(config)
+    except RuntimeError as e:  # e.g. a size whose bytes overflow 64 bits
+        raise ValueError(f"the config describes tensors too large to exist ({e})") from e
+
+
 def expected_layout(cls: type, config) -> tuple[dict, dict]:
     """{name: (floating?, shape)} of `cls(config)`'s state dict and its tied names
     ({name: the name it shares a parameter with}), without building that model: from
@@ -181,11 +190,11 @@ def expected_layout(cls: type, config) -> tuple[dict, dict]:
     fields = [k for k in asdict(config) if k.startswith("n_") and k.endswith("layers")]
     small = replace(config, **{f: 1 for f in fields})
     with torch.device("meta"):  # shapes only: nothing is allocated
-        one = cls(small)
+        one = _meta_model(cls, small)
         layout, tied = _layout(one), tied_parameters(one)
         layers = {}  # a stack's prefix ('decoder.layers.') -> (its field, layer 0)
         for f in fields:
-            two = _layout(cls(replace(small, **{f: 2})))
+            two = _layout(_meta_model(cls, replace(small, **{f: 2})))
             second = [k for k in two if k not in layout]  # the names of layer 1
             parts = second[0].split(".")  # the index that is 1 here and 0 in `layout`
             i = next(i for i, p in enumerate(parts) if p == "1" and ".".join(
@@ -269,11 +278,14 @@ def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None
 # %% ../nbs/92_checkpoints.ipynb #ebb70840
 def load_checkpoint(path: str | Path, model: nn.Module | None = None,
                     map_location: str | torch.device = "cpu",
-                    average: bool = False) -> nn.Module:
-    """Load a checkpoint into `model` (checked against its config) or a new model.
+                    average: bool = False,
+                    dtype: torch.dtype | None = None) -> nn.Module:
+    """Load a checkpoint into `model` (checked against its config) or a new model,
+    whose weights keep the dtype they were saved in (`dtype`: converted to it).
     Everything is checked from the file's header before any model is built or
     changed; `average=True` loads a training checkpoint's averaged weights instead
     of its live ones."""
+    check_float_dtype(dtype)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
@@ -295,10 +307,9 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
         state |= {alias: state[target] for alias, target in aliases.items()}
         model.load_state_dict(state)  # names, shapes and kinds are known to fit
         return model
-    dtype = torch.get_default_dtype()  # what a freshly built model would hold
-    return model_from_state(cls, config, {k: v.to(map_location, dtype) if
-                                        v.is_floating_point() else v.to(map_location)
-                                        for k, v in state.items()})
+    return model_from_state(cls, config, {  # (as saved, unless dtype says otherwise)
+        k: v.to(map_location, dtype or v.dtype) if v.is_floating_point()
+        else v.to(map_location) for k, v in state.items()})
 
 
 def model_from_state(cls: type, config, state: dict) -> nn.Module:

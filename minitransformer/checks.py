@@ -12,7 +12,7 @@ import torch
 # %% auto #0
 __all__ = ['shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number', 'check_probability',
            'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask', 'is_integer_tensor', 'check_float_dtype',
-           'autocast_on', 'check_dtype', 'check_width', 'check_module', 'total_width', 'tracing']
+           'autocast_on', 'check_dtype', 'check_width', 'check_module', 'tracing']
 
 # %% ../nbs/93_checks.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
@@ -201,18 +201,6 @@ def check_module(value, name: str = "model") -> torch.nn.Module:
     if not isinstance(value, torch.nn.Module):
         raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__}")
     return value
-
-# %% ../nbs/93_checks.ipynb #3f7eef73
-def _total_width(xs) -> int:
-    "The widths of `xs` added up, for tensors known to be at least 1-D (no checks)."
-    return sum(x.shape[-1] for x in xs)
-
-
-def total_width(xs) -> int:  # an example of the pattern: a public function...
-    "The widths (last dimensions) of the tensors `xs` added up."
-    for i, x in enumerate(xs):  # ...checks what it receives, naming the culprit,
-        check_tensor(x, f"xs[{i}]", min_dim=1)
-    return _total_width(xs)  # ...and runs the unchecked twin the package calls
 
 # %% ../nbs/93_checks.ipynb #0144feac
 def tracing() -> bool:

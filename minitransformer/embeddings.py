@@ -116,10 +116,8 @@ class Vocabulary:
         _check_level(level)
         tokens = _strings(tokens, "tokens")  # one str: its characters
         self.level, self.lowercase = level, lowercase
-        self.itos: list[str] = list(SPECIAL_TOKENS)
-        for tok in tokens:
-            if tok not in self.itos:
-                self.itos.append(tok)
+        # the specials, then each token once, in first-seen order (a dict keeps it)
+        self.itos: list[str] = list(dict.fromkeys([*SPECIAL_TOKENS, *tokens]))
         self.stoi: dict[str, int] = {t: i for i, t in enumerate(self.itos)}
 
     @classmethod

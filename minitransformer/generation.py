@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
@@ -136,7 +135,10 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
                         f"{type(model).__name__}")
     _check_sampling(temperature, top_k, top_p, generator)
     check_flag(use_cache, "use_cache")
-    backend = _check_compile(compile, use_cache)  # None: run eagerly
+    backend = _compile_backend(compile)  # None: run eagerly
+    if backend is not None and not use_cache:
+        raise ValueError("compile=... compiles the cached one-token step; it needs "
+                         "use_cache=True")
     if stop_token is not None:
         check_int(stop_token, "stop_token")
     encdec = isinstance(model, Transformer)
@@ -159,17 +161,15 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
     return rows, src_rows, max_new_tokens, backend
 
 
-def _check_compile(compile, use_cache: bool) -> str | None:
-    "The torch.compile backend `compile` asks for (True: inductor), or None."
+def _compile_backend(compile: bool | str) -> str | None:
+    """The `torch.compile` backend that `compile` asks for (True: inductor; a name:
+    that backend), or None for False; else raise naming the backends there are."""
     if compile is False:
         return None
     backends = torch._dynamo.list_backends(exclude_tags=())
     if compile is not True and compile not in backends:
         raise ValueError(f"compile must be True, False or a torch.compile backend "
                          f"({', '.join(sorted(backends))}), got {compile!r}")
-    if not use_cache:
-        raise ValueError("compile=... compiles the cached one-token step; it needs "
-                         "use_cache=True")
     return "inductor" if compile is True else compile
 
 # %% ../nbs/12_generation.ipynb #3a1ec161
@@ -223,6 +223,8 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     sampling = (float(temperature), top_k, top_p, generator)
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     step = _step if backend is None else _compiled_step(backend)  # one-token steps
+    if backend is not None:
+        _static_heads(cache)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
     drawn, out, done = [], [[] for _ in range(B)], [False] * B
     for t in range(P, total):
@@ -273,12 +275,15 @@ def _compiled_step(backend: str):
     one compiled region, `DecoderLayer.forward`, that every layer calls."""
     compiled = torch.compile(_step, backend=backend, dynamic=True)  # lengths: symbols
 
-    def step(*args):
+    def step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
+        own = dict(memory_format=torch.contiguous_format)  # copies, not views: a view's
+        ids = ids.clone(**own)  # offset into generate's buffers would be one more
+        kw = kw | dict(positions=kw["positions"].clone(**own))  # number to guard
         limits = dict(recompile_limit=_RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True,
                       specialize_float=True)  # (floats: the model's constants)
         try:
             with torch._dynamo.config.patch(**limits):  # (never silently eager)
-                return compiled(*args)
+                return compiled(model, ids, memory, source_mask, kw)
         except torch._dynamo.exc.FailOnRecompileLimitHit as e:
             raise RuntimeError(
                 f"compile={backend!r}: torch.compile has compiled {_RECOMPILE_LIMIT} "
@@ -287,6 +292,15 @@ def _compiled_step(backend: str):
                 "torch._dynamo.reset() to start again, or pass compile=False") from e
     return step
 
+
+
+def _static_heads(cache) -> None:
+    """Under `dynamic=True` every size is a symbol; the cache's heads and head width
+    are fixed by the weights, so they are marked as the numbers they are."""
+    for c in cache.self_attn + (cache.cross_attn or []):
+        for buffer in (c.k, c.v):  # (B, H_kv, max_len, D): B and max_len stay symbols
+            torch._dynamo.mark_static(buffer, 1)
+            torch._dynamo.mark_static(buffer, 3)
 
 # %% ../nbs/12_generation.ipynb #0a3b14db
 def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
@@ -297,6 +311,10 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
     the pages)."""
     n_bytes, repeats = check_int(n_bytes, "n_bytes", minimum=4), check_positive_int(
         repeats, "repeats")
+    memory = _memory_bytes()  # refused before anything is allocated
+    if memory is not None and n_bytes > memory // 2:
+        raise ValueError(f"n_bytes={n_bytes:,} is more than half of this machine's "
+                         f"{memory:,} bytes of memory")
     x = torch.ones(n_bytes // 4)
     x.sum()
     times = []
@@ -305,3 +323,11 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
         x.sum()  # reads every byte once, writes one number
         times.append(time.perf_counter() - start)
     return x.nbytes / statistics.median(times)
+
+
+def _memory_bytes() -> int | None:
+    "This machine's physical memory in bytes, where the OS says (None elsewhere)."
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # e.g. Windows
+        return None

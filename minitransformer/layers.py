@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import check_mask
+from .attention import _check_mask
 from .checks import (
     broadcast_shape, check_bool_mask, check_choice, check_dropout, check_dtype,
     check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
@@ -34,7 +34,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.shape[-1:] != (self.d_model,):
+        if (not isinstance(x, torch.Tensor) or not x.is_floating_point()
+                or x.dim() == 0 or x.shape[-1] != self.d_model):
             check_width(x, "x", self.d_model)  # raises (appendix D)
         half = x.dtype in (torch.float16, torch.bfloat16)
         xf = x.float() if half else x  # squares summed in float32, not in 8 bits
@@ -137,13 +138,14 @@ class _Sublayers(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
-        if self.cfg.norm_first:
-            return x + self._drop(sublayer(norm(x)))  # pre-norm
-        return norm(x + self._drop(sublayer(x)))  # post-norm
+        "x + sublayer, normalised before (pre-norm) or after (post-norm)."
+        return self._add(x, sublayer(norm(x) if self.cfg.norm_first else x), norm)
 
-    def _drop(self, h: torch.Tensor) -> torch.Tensor:
-        "Dropout on a sublayer's output while training (at p = 0: nothing to do)."
-        return self.drop(h) if self.training and self.cfg.dropout else h
+    def _add(self, x: torch.Tensor, h: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        "The residual sum x + h (h dropped out while training); post-norm: normalised."
+        if self.training and self.cfg.dropout:  # (at p = 0 or in eval: nothing to do)
+            h = self.drop(h)
+        return x + h if self.cfg.norm_first else norm(x + h)
 
     def _attention(self, rotary: nn.Module | None = None) -> MultiHeadAttention:
         c = self.cfg
@@ -179,7 +181,8 @@ class EncoderLayer(_Sublayers):
             self._check_x(x)  # raises
         x = self._residual(x, self.attn_norm,
                            lambda h: self.self_attn(h, mask=mask, positions=positions))
-        return self._residual(x, self.ff_norm, self.ff)
+        return self._add(x, self.ff(self.ff_norm(x) if self.cfg.norm_first else x),
+                         self.ff_norm)
 
 # %% ../nbs/09_layers.ipynb #7be4af8b
 def _check_cross_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> None:
@@ -248,16 +251,20 @@ class DecoderLayer(_Sublayers):
                 cross_cache=None,  # cross-attention's, filled once from memory
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 ) -> torch.Tensor:
-        if (self._odd_x(x) or self.cross_attn is not None or memory is not None
-                or cross_cache is not None):  # shapes (appendix D); attention: the rest
-            _check_decoder_layer_args(self, x, memory, memory_mask, cross_cache)
-        x = self._residual(x, self.attn_norm, lambda h: self.self_attn(
-            h, mask=mask, positions=positions, cache=self_cache, is_causal=is_causal))
+        if not (isinstance(x, torch.Tensor) and x.dim() == 3 and 0 not in x.shape
+                and x.shape[-1] == self.cfg.d_model and x.dtype == self.ff_norm.weight.dtype
+                and self.cross_attn is None and memory is None and cross_cache is None):
+            _check_decoder_layer_args(self, x, memory, memory_mask, cross_cache)  # (D)
+        h = self.attn_norm(x) if self.cfg.norm_first else x  # pre-norm: normalised
+        h = self.self_attn(h, mask=mask, positions=positions, cache=self_cache,
+                           is_causal=is_causal)
+        x = self._add(x, h, self.attn_norm)  # (post-norm: normalised after the sum)
         if self.cross_attn is not None:
             context = memory if memory is not None else cross_cache
             x = self._residual(x, self.cross_norm,
                                lambda h: self.cross_attn(h, context, mask=memory_mask))
-        return self._residual(x, self.ff_norm, self.ff)
+        return self._add(x, self.ff(self.ff_norm(x) if self.cfg.norm_first else x),
+                         self.ff_norm)
 
 # %% ../nbs/09_layers.ipynb #e48b06cc
 def _positions_fit(positions: torch.Tensor, B: int, T: int) -> bool:
@@ -272,9 +279,10 @@ def _check_stack_args(stack: nn.Module, x, mask, positions,
                       keys: int | None = None) -> None:
     "Raise unless `x`, `mask` (to `(B, H, T, keys)`; keys = T) and `positions` fit."
     first = stack.layers[0]
-    first._check_x(x)
+    if first._odd_x(x):
+        first._check_x(x)  # raises
     B, T = x.shape[0], x.shape[-2]
-    check_mask(mask, (B, first.self_attn.n_heads, T, T if keys is None else keys))
+    _check_mask(mask, (B, first.self_attn.n_heads, T, T if keys is None else keys))
     if positions is None:
         return
     if stack.rotary is None:
@@ -323,13 +331,15 @@ class _DecoderPlumbing(nn.Module):
 
     def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):
         "Raise unless the arguments of `forward` fit this stack and each other."
-        self.layers[0]._check_x(x)
+        if self.layers[0]._odd_x(x):
+            self.layers[0]._check_x(x)  # raises
         keys = self.check_cache(cache, x.shape[0], x.shape[-2], memory)
         check_flag(is_causal, "is_causal")
         _check_stack_args(self, x, mask, positions, keys)
         cross = None if cache is None or cache.cross_attn is None else cache.cross_attn
-        _check_decoder_layer_args(self.layers[0], x, memory, memory_mask,
-                                  None if cross is None else cross[0])
+        if self.cross_attention or memory is not None or cross is not None:
+            _check_decoder_layer_args(self.layers[0], x, memory, memory_mask,
+                                      None if cross is None else cross[0])
 
     def check_cache(self, cache, B: int, T: int, memory=None) -> int:
         """Raise unless `cache` is None or a `DecoderCache` (`minitransformer.kv_cache`)

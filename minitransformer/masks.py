@@ -167,10 +167,13 @@ def _check_real(real, B, S, name) -> None:
 def check_decoder_masks(B, T, past, attention_mask=None, full_attention_mask=None,
                         keys=None) -> tuple[int, int, int, int | None]:
     "`decoder_mask`'s sizes as ints if they and its masks are well formed; else raise."
-    B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
-    past = check_int(past, "past", minimum=0)
+    if not (type(B) is int and type(T) is int and type(past) is int
+            and B > 0 and T > 0 and past >= 0):  # (inline first: every call runs it)
+        B, T = check_positive_int(B, "B"), check_positive_int(T, "T")
+        past = check_int(past, "past", minimum=0)
     S = past + T
-    keys = None if keys is None else check_int(keys, "keys", minimum=S)
+    if keys is not None and not (type(keys) is int and keys >= S):
+        keys = check_int(keys, "keys", minimum=S)
     if full_attention_mask is not None:
         if attention_mask is not None:
             raise ValueError("give attention_mask (real tokens) or "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from .attention import check_mask
+from .attention import _check_mask
 from minitransformer.checks import (
     check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_module,
     check_number, check_positive_int, check_tensor, is_integer_tensor, shape_str,
@@ -179,7 +179,8 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     "Raise unless a `GPT`'s or `Transformer`'s decoder arguments fit; return B."
     c = model.config
     B, T = _ids(ids, name)
-    model.decoder.check_cache(cache, B, T, memory)
+    if cache is not None and not isinstance(cache, DecoderCache):  # (the decoder
+        model.decoder.check_cache(cache, B, T, memory)  # checks how it fits): raises
     past = 0 if cache is None else len(cache)
     _check_length(T, c.max_len, past)
     _check_model_positions(positions, B, T)
@@ -187,7 +188,7 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     keys = None if cache is None or not cache.static else cache.max_len
     check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
     if full_attention_mask is not None:  # its heads, too: (B, H, T, its keys)
-        check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.shape[-1]))
+        _check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.shape[-1]))
     check_flag(last_only, "last_only")
     return B
 

@@ -67,7 +67,7 @@ class HeadProjection(nn.Module):
 
     `rotary` rotates self-attention's queries and keys by their `positions`; `cache`
     keeps self-attention's keys and values across calls, and `context` may be a cache
-    already filled with the context's keys and values (`_rotate_and_cache`, folded)."""
+    already filled with the context's keys and values."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
                  rotary: nn.Module | None = None, device=None, dtype=None,
@@ -82,16 +82,26 @@ class HeadProjection(nn.Module):
 
     def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
         "Queries `(B, H, T, D)`, keys and values `(B, H_kv, S, D)`."
-        if (context is not None or cache is not None
-                or (positions is not None and self.rotary is None)):
+        if (context is not None or (positions is not None and self.rotary is None)
+                or (cache is not None and not (  # a cache must be the size of x's batch
+                    isinstance(x, torch.Tensor) and x.dim() == 3
+                    and isinstance(getattr(cache, "k", None), torch.Tensor)
+                    and cache.k.shape[0] == x.shape[0]))):
             _check_project_args(x, context, positions, cache, self.rotary)
         if context is not None and not isinstance(context, torch.Tensor):  # a cache
             return (_split_heads(self.qkv.queries(x), self.n_heads),
                     *context.keys_values())
         q, k, v = self.qkv(x, context)  # (B, T, C); (B, S, H_kv·D) twice
         q, (k, v) = _split_heads(q, self.n_heads), self._kv_heads(k, v)  # (B, H, T, D)
-        if self.rotary is not None or cache is not None:  # rotate; extend the cache
-            q, k, v = _rotate_and_cache(self.rotary, q, k, v, positions, cache)
+        if self.rotary is not None:  # rotate q and k (before caching: the cache keeps
+            if positions is None:  # rotated keys); by default the T positions after
+                past = 0 if cache is None else len(cache)  # the cache's earlier ones
+                positions = default_positions(past, q.shape[-2], q.device)
+            angles = (positions if isinstance(positions, tuple)  # (a stack's, shared)
+                      else self.rotary.angles(positions))
+            q, k = self.rotary.rotate(q, angles), self.rotary.rotate(k, angles)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H_kv, past + T or max_len, D)
         return q, k, v
 
     def context_keys_values(self, context: torch.Tensor
@@ -113,22 +123,6 @@ def default_positions(past: int, T: int, device=None) -> torch.Tensor:
         check_int(T, "T", minimum=0)  # T = 0: no new tokens, an empty tensor
     return torch.arange(past, past + T, device=device)
 
-
-def _rotate_and_cache(rotary, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      positions=None, cache=None) -> tuple:
-    """Rotate `q` and `k` by their positions (with `rotary`; by default the T positions
-    after the cache's earlier ones), then extend `cache` with the keys and values."""
-    if rotary is not None:
-        if positions is None:
-            past = 0 if cache is None else len(cache)
-            positions = default_positions(past, q.shape[-2], q.device)
-        angles = (positions if isinstance(positions, tuple)
-                  else rotary.angles(positions))
-        # rotate before caching: the cache keeps rotated keys
-        q, k = rotary.rotate(q, angles), rotary.rotate(k, angles)
-    if cache is not None:
-        k, v = cache.update(k, v)  # (B, H_kv, past + T or max_len, D)
-    return q, k, v
 
 # %% ../nbs/05_multihead.ipynb #74704d67
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> int:
@@ -248,8 +242,12 @@ class MultiHeadAttention(HeadProjection):
                 is_causal: bool = False,  # also: no query sees a later key
                 ) -> torch.Tensor:  # (B, T, C)
         q, k, v = self.project(x, context, positions, cache)  # K, V: H_kv heads
-        if mask is not None and _odd_mask(mask, q.shape[-2], k.shape[-2]):
-            _check_mask(mask, (*q.shape[:-2], q.shape[-2], k.shape[-2]))  # raises
+        T, S = q.shape[-2], k.shape[-2]
+        if mask is not None and (  # bool, to (..., T, S): else say how it does not fit
+                mask.dtype != torch.bool or mask.dim() > 4
+                or (mask.dim() >= 1 and mask.shape[-1] != S and mask.shape[-1] != 1)
+                or (mask.dim() >= 2 and mask.shape[-2] != T and mask.shape[-2] != 1)):
+            _check_mask(mask, (*q.shape[:-2], T, S))  # raises
         p = self.dropout if self.training else 0.0
         o = _attend(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
                     enable_gqa=self.n_kv_heads != self.n_heads, is_causal=is_causal)
@@ -285,14 +283,6 @@ class MultiHeadAttention(HeadProjection):
               else "")
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, {kv}"
                 f"head_dim={self.head_dim}, dropout={self.dropout}")
-
-
-def _odd_mask(mask: torch.Tensor, T: int, S: int) -> bool:
-    "Whether `mask` may not be a boolean mask to `(..., T, S)` (then check it fully)."
-    n = mask.dim()
-    return (mask.dtype != torch.bool or n > 4 or (n >= 1 and mask.shape[-1] != S
-            and mask.shape[-1] != 1) or (n >= 2 and mask.shape[-2] != T
-                                         and mask.shape[-2] != 1))
 
 # %% ../nbs/05_multihead.ipynb #a77fbaa5
 @torch.no_grad()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .checks import (
@@ -48,7 +49,9 @@ def _check_base(base) -> None:
 # %% ../nbs/07_positions.ipynb #3c79a7e5
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal position vectors: `positions (..., T)` → `(..., T, C)`, to be
-    added to token embeddings (T = 0 gives an empty result)."""
+    added to token embeddings (T = 0 gives an empty result). The formula gives any
+    integer position its waves; `max_len` is the length a model was built for, which
+    the model checks where its call begins."""
 
     def __init__(self, d_model: int, max_len: int = 4096, base: float = 10000.0):
         super().__init__()
@@ -101,7 +104,7 @@ class LearnedPositions(nn.Module):
         if not (isinstance(positions, torch.Tensor) and is_integer_tensor(positions)):
             check_positions(positions, self.max_len)  # raises: not integer positions
         try:
-            return self.weight[positions]  # (..., T, C)
+            return F.embedding(positions, self.weight)  # (..., T, C): rows of the table
         except IndexError:  # a position outside the table: say which (values read now)
             check_positions(positions, self.max_len)
             raise
@@ -139,21 +142,26 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         "`x` `(..., T, D)` rotated by `angles`: `x·cos + turn(x)·sin`."
-        if _odd_rotation(x, angles, self.head_dim):
-            _check_rotate(x, angles, self.head_dim)  # raises
-        cos, sin = angles  # each (T, D) or (B, T, D)
+        cos, sin = angles if type(angles) is tuple and len(angles) == 2 else (x, x)
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2
+                and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
+                and x.shape[-1] == self.head_dim == cos.shape[-1]
+                and cos.shape == sin.shape and cos.shape[-2] == x.shape[-2]
+                and (cos.dim() == 2 or (cos.dim() == 3 and 3 <= x.dim() <= 4 and (
+                    cos.shape[0] == 1 or cos.shape[0] == x.shape[0])))):
+            _check_rotate(x, angles, self.head_dim)  # raises, saying what does not fit
+        # cos, sin: each (T, D) or (B, T, D)
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
         xf = x.float()  # float32 arithmetic also for bfloat16 (a no-op for float32)
-        return (xf * cos + self._turn(xf) * sin).to(x.dtype)  # x's shape and dtype
-
-    def _turn(self, x: torch.Tensor) -> torch.Tensor:
-        "Every pair (a, b) of `x` turned a quarter turn, to (-b, a)."
+        # every pair (a, b) turned a quarter turn, to (-b, a):
         if self.interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
-            return torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
-        x1, x2 = x.chunk(2, dim=-1)  # rotate_half: [x1, x2] -> [-x2, x1]
-        return torch.cat([-x2, x1], -1)
+            turned = torch.stack([-xf[..., 1::2], xf[..., 0::2]], -1).flatten(-2)
+        else:  # rotate_half: [x1, x2] -> [-x2, x1]
+            x1, x2 = xf.chunk(2, dim=-1)
+            turned = torch.cat([-x2, x1], -1)
+        return (xf * cos + turned * sin).to(x.dtype)  # x's shape and dtype
 
     def forward(self,
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
@@ -186,19 +194,6 @@ def _check_angle_positions(positions) -> None:
     if positions.dim() not in (1, 2):
         raise ValueError(f"positions must be (T,) or (B, T), got shape "
                          f"{shape_str(positions)}")
-
-
-def _odd_rotation(x, angles, head_dim: int) -> bool:
-    "Whether `x` and `angles` may not fit (then `_check_rotate` says how)."
-    if not (type(angles) is tuple and len(angles) == 2 and isinstance(x, torch.Tensor)
-            and isinstance(angles[0], torch.Tensor) and x.dim() >= 2):
-        return True
-    cos, n = angles[0], angles[0].dim()
-    return (x.shape[-1] != head_dim or cos.shape != angles[1].shape
-            or cos.shape[-1] != head_dim or cos.shape[-2] != x.shape[-2]
-            or not x.is_floating_point() or not (n == 2 or (
-                n == 3 and (x.dim() == 3 or x.dim() == 4)
-                and (cos.shape[0] == 1 or cos.shape[0] == x.shape[0]))))
 
 
 def _check_rotate(x, angles, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

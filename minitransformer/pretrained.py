@@ -483,6 +483,8 @@ def load_folder(folder, dtype: torch.dtype = torch.float32,
         tokenizer = PretrainedTokenizer.from_folder(folder)
     tensor, shapes = _safetensors(folder)  # the shapes from the headers alone
     check_layer_count(config_file, config, len(shapes))
+    with name_in_errors(config_file):  # a config too large to build: named here
+        expected_layout(cls, config)
     names = _strip(shapes, prefixes)  # short name -> stored name
     model, unused = model_from_rules(cls, config, make_rules(config),
                                      lambda k: tensor(names[k]),

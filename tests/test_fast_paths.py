@@ -4,10 +4,10 @@
   queries as keys (PyTorch's kernel applies the rule; on CUDA the flash kernel can run); otherwise
   the bottom-right causal mask is built, combined with any mask given. The models pass it.
 - the static KV cache: whole buffers plus a length mask, so shapes do not grow per token;
-- `generate(..., compile=...)`: on torch >= 2.5 one compiled region, `DecoderLayer.forward`, that every
-  layer reuses (and the head's single row, on a CPU), over the static cache written at a tensor of
-  positions: one graph per layer kind and batch size, none more for calls of other lengths, no graph
-  break; on older torch the whole one-token step (forced here by `_REGIONAL = False`);
+- `generate(..., compile=...)`: one compiled step (`generation._step`, the model's call) whose
+  layers call one nested compile region, `DecoderLayer.forward`, over the static cache, the length
+  a symbol: one graph per model kind and batch size, none more for calls of other lengths, no
+  graph break, nothing assigned to any module;
 - `tracing()`: value checks skip themselves while torch.compile traces.
 """
 import pytest
@@ -190,63 +190,51 @@ def test_compiled_generation_writes_the_eager_tokens_with_one_layer_graph():
     counters.clear()
     assert generate(model, prompts, 16, compile="eager") == eager
     assert not counters["graph_break"], dict(counters["graph_break"])
-    # one graph for the layer, which all three reuse (at B = 3 the head runs nn.Linear's
-    # product; only a single row goes through the compiled head)
-    assert graphs() == 1, dict(counters["stats"])
+    assert graphs() == 1, dict(counters["stats"])  # the step, around one layer region
     for n in (5, 30, 1, 0):  # other lengths (other cache sizes): nothing more compiled
         assert generate(model, prompts, n, compile="eager") == generate(model, prompts, n)
     assert graphs() == 1, dict(counters["stats"])
-    one = [[4, 5, 6]]  # B = 1: the layer again (batch 1 is a shape of its own) and the head
+    one = [[4, 5, 6]]  # B = 1: a shape of its own (sizes 0 and 1 are never symbols)
     assert generate(model, one, 9, compile="eager") == generate(model, one, 9)
-    assert graphs() <= 3, dict(counters["stats"])
-    assert all("forward" not in vars(m) for m in model.modules()), "a compiled forward was left"
+    assert graphs() == 2, dict(counters["stats"])
+    assert all("forward" not in vars(m) for m in model.modules())  # nothing assigned
 
 
-def test_the_layer_region_traces_as_one_graph():
-    "fullgraph=True raises at the first graph break: the layer's one-token step has none."
-    model = gpt(**dict(RECIPE, n_kv_heads=2))
-    cache = model.make_cache(2, 24, static=True)
-    ids = torch.randint(0, 40, (2, 7))
-    region = torch.compile(DecoderLayer.forward, backend="eager", fullgraph=True)
+def test_every_layer_calls_one_compiled_region():
+    "The layers' calls reuse one subgraph: the step's graph holds one region, called thrice."
+    from torch._dynamo.testing import CompileCounterWithBackend
+    model = gpt(**dict(RECIPE, n_kv_heads=2), n_layers=3)
+    backend = CompileCounterWithBackend("eager")
+    cache = model.make_cache(1, 12, static=True)
     with torch.no_grad():
-        model(ids[:, :5], cache=cache)
-        for layer in model.decoder.layers:  # each layer's step through the one region
-            layer.forward = lambda *a, layer=layer: region(layer, *a)
-        try:
-            steps = [model(ids[:, t : t + 1], cache=cache, last_only=True) for t in (5, 6)]
-        finally:
-            for layer in model.decoder.layers:
-                del layer.forward
-        ref = model(ids)
-    torch.testing.assert_close(torch.cat(steps, 1), ref[:, 5:7], atol=1e-5, rtol=1e-5)
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+        step = torch.compile(generation._step, backend=backend, dynamic=True,
+                             fullgraph=True)  # (fullgraph: raises at a graph break)
+        generation._static_heads(cache)
+        mask = torch.ones(1, 1, 1, 12, dtype=torch.bool)
+        with torch._dynamo.config.patch(specialize_float=True):  # as generate runs it
+            step(model, torch.tensor([[4]]), None, None,
+                 dict(positions=torch.tensor([[3]]), cache=cache, full_attention_mask=mask))
+    graph, = backend.graphs
+    calls = [n for n in graph.graph.nodes
+             if n.target is torch.ops.higher_order.invoke_subgraph]
+    regions = {n.args[1] for n in calls}
+    assert len(calls) == 3 and len(regions) == 1, (len(calls), regions)
 
 
-def test_static_cache_writes_at_the_stack_positions():
+def test_a_static_cache_counts_the_positions_it_holds():
     model = gpt()
     cache = model.make_cache(1, 10, static=True)
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3]]), cache=cache)
-        assert cache.slots.tolist() == [0, 1, 2] and len(cache) == 3
+        assert len(cache) == 3
         model(torch.tensor([[4]]), cache=cache)
-        assert cache.slots.tolist() == [3] and len(cache) == 4
+        assert len(cache) == 4
     k = cache.self_attn[0].k  # 4 positions written, zeros after them
     assert k[:, :, :4].abs().sum() > 0 and not k[:, :, 4:].any()
 
 
-def test_the_whole_step_path_below_torch_2_5(monkeypatch):
-    "On torch < 2.5 (per-layer regions would recompile per layer there) the step is one graph."
-    monkeypatch.setattr(generation, "_REGIONAL", False)
-    model = gpt(**dict(RECIPE, n_kv_heads=2))
-    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
-    eager = generate(model, prompts, 12)
-    torch._dynamo.reset()
-    counters.clear()
-    assert generate(model, prompts, 12, compile="eager") == eager
-    assert not counters["graph_break"], dict(counters["graph_break"])
-    assert graphs() <= 2, dict(counters["stats"])  # the first step, then a symbolic length
-
-
-def test_compiled_layers_are_restored_when_a_step_raises(monkeypatch):
+def test_a_step_that_raises_leaves_the_model_as_it_was(monkeypatch):
     model = gpt()
 
     def broken(*args, **kwargs):
@@ -258,7 +246,7 @@ def test_compiled_layers_are_restored_when_a_step_raises(monkeypatch):
     assert all("forward" not in vars(m) for m in model.modules())
 
 
-def test_compiled_generation_of_a_one_token_prompt_compiles_one_layer_graph():
+def test_compiled_generation_of_a_one_token_prompt_compiles_one_graph():
     "The prompt step runs eagerly even when it is one token long (no second graph)."
     model = gpt(**dict(RECIPE, n_kv_heads=2))
     torch._dynamo.reset()
@@ -267,8 +255,7 @@ def test_compiled_generation_of_a_one_token_prompt_compiles_one_layer_graph():
     assert graphs() == 1, dict(counters["stats"])
 
 
-def test_compiled_generation_leaves_a_lora_head_alone():
-    "Only a plain nn.Linear head is replaced, and only for inductor (a LoRA head keeps B·A)."
+def test_compiled_generation_with_a_lora_head():
     from minitransformer.lora import add_lora
     model = gpt(tie_weights=False)
     add_lora(model, ["head"], r=2)
@@ -278,14 +265,6 @@ def test_compiled_generation_leaves_a_lora_head_alone():
                 p.normal_(0, 0.5)
     prompts = [[1, 2, 3]]
     assert generate(model, prompts, 8, compile="eager") == generate(model, prompts, 8)
-    cache = model.make_cache(1, 8, static=True)
-    with generation._compiled_layers(model, cache, "inductor"):  # (compiles lazily)
-        assert "forward" not in vars(model.head)  # the LoRA head: its own forward
-        assert all("forward" in vars(layer) for layer in model.decoder.layers)
-    plain = gpt()
-    with generation._compiled_layers(plain, plain.make_cache(1, 8, static=True), "inductor"):
-        assert "forward" in vars(plain.head)
-    assert "forward" not in vars(plain.head)
 
 
 def test_static_cache_under_autocast():
@@ -307,19 +286,6 @@ def test_start_call_checks_its_argument():
     with pytest.raises(ValueError, match="T"):
         cache.start_call(-1)
     assert cache.start_call(4) == 0
-
-
-def test_a_failed_setup_leaves_no_forward_behind(monkeypatch):
-    model = gpt()
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("no region today")
-
-    monkeypatch.setattr(generation, "_OneRowHead", broken)
-    monkeypatch.setattr(generation, "_region", broken)
-    with pytest.raises(RuntimeError, match="no region today"):
-        generate(model, [[1, 2]], 4, compile="eager")
-    assert all("forward" not in vars(m) for m in model.modules())
 
 
 def test_compiled_encoder_decoder_generation():
@@ -359,8 +325,9 @@ def test_the_decode_step_traces_as_one_graph():
     model, cache = gpt(**RECIPE), None
     cache = model.make_cache(2, 24, static=True)
     ids = torch.randint(0, 40, (2, 6))
-    step = torch.compile(model.forward, backend="eager", fullgraph=True)
-    with torch.no_grad():
+    step = torch.compile(model.forward, backend="eager", fullgraph=True, dynamic=True)
+    generation._static_heads(cache)
+    with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
         model(ids[:, :5], cache=cache)
         out = step(ids[:, 5:6], cache=cache, last_only=True)
         ref = model(ids)[:, -1:]

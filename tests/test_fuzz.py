@@ -90,12 +90,11 @@ EXEMPT = {
                                    "its own tests (tests/test_hostile_files.py)",
     "checkpoints.model_from_state": "builds a model from a state its loader has checked; "
                                     "its own tests (tests/test_hostile_files.py)",
-    "checks.tracing": "takes no arguments: whether torch.compile is tracing",
+    "checks.tracing": "takes no arguments: whether a tracer (torch.compile, torch.export, "
+                      "torch.func, fx) records the call",
     "masks.check_decoder_masks": "the checks of masks.decoder_mask, fuzzed through it",
     "checks.autocast_on": "reads torch's autocast state for a device type; exercised by "
                         "checks.check_dtype and the chapter notebooks",
-    "checks.door": "the per-thread flags of checks at the door (tests/test_door.py)",
-    "checks.inside": "calls any function with the door's flag raised (tests/test_door.py)",
     **{f"exercises.{name}": "runs a reader's function on its own cases; right and wrong "
        "answers for each checker are in tests/test_exercises.py" for name in (
         "ExerciseError", "check_softmax", "check_embedding", "check_projections",
@@ -1209,11 +1208,12 @@ def _(data):
     if rotary is not None and p.draw(st.booleans(), label="explicit positions"):
         positions = torch.arange(T)
     if p.hit("positions"):
-        positions = p.draw(st.sampled_from(["float", "too_far", "wrong_len", "list", "neg"]))
+        kind = p.draw(st.sampled_from(["float", "too_far", "wrong_len", "list", "neg"]))
         positions = {"float": torch.arange(T).float(), "too_far": torch.arange(T) + 100,
                      "wrong_len": torch.arange(T + 1), "list": list(range(T)),
-                     "neg": torch.arange(T) - 1}[positions]
-        p.mark(BAD, ["positions", "rotary"], f"positions={fmt(positions)}")
+                     "neg": torch.arange(T) - 1}[kind]
+        if rotary is None or kind not in ("too_far", "neg"):  # (any integer is an
+            p.mark(BAD, ["positions", "rotary"], f"positions={fmt(positions)}")  # angle)
     cache = None
     if context is None and p.draw(st.booleans(), label="cache"):
         cache = kvc.KVCache(B, H, T + 1, D)
@@ -1417,13 +1417,15 @@ def _(data):
         assert torch.allclose(out[0, 0::2], torch.zeros(1)) and torch.allclose(out[0, 1::2], torch.ones(1))
 
 
-def _positions_arg(p, T, max_len, batch=None, name="positions"):
+def _positions_arg(p, T, max_len, batch=None, name="positions", table=True):
+    "`table`: positions index a table of max_len rows; else a formula serves any integer."
     positions = torch.randint(0, max_len, (T,), generator=_seed(p, name))
     if batch and p.draw(st.booleans(), label="per-row positions"):
         positions = positions.expand(batch, T)
+    out_of_range = BAD if table else VALID
     return p.tensor(name, positions, {
-        "float": BAD, "bool": BAD, "list": BAD, "neg": BAD,
-        "too_far": (BAD, lambda t: t + max_len), "noncontig": VALID,
+        "float": BAD, "bool": BAD, "list": BAD, "neg": out_of_range,
+        "too_far": (out_of_range, lambda t: t + max_len), "noncontig": VALID,
         "int32": (VALID, lambda t: t.int()), "last0": EDGE}, names=[name, "max_len"])
 
 
@@ -1435,7 +1437,8 @@ def _(data):
     L = p.value("max_len", st.integers(1, 12), POS_INT_BAD)
     base = p.value("base", st.sampled_from([10000.0, 2.0]), BASE_BAD)
     T = p.draw(st.integers(1, 5), label="T")
-    positions = _positions_arg(p, T, L if pos_int(L) == VALID else 4, batch=2)
+    positions = _positions_arg(p, T, L if pos_int(L) == VALID else 4, batch=2,
+                               table=False)
 
     def go():
         m = p.call("SinusoidalPositions", pos.SinusoidalPositions, C, L, base)

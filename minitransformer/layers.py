@@ -216,10 +216,6 @@ def _check_decoder_layer_args(layer, x, memory, memory_mask, cross_cache) -> Non
                             x, layer.cross_attn.n_heads)
 
 # %% ../nbs/09_layers.ipynb #f1cab049
-_compile_region = getattr(torch.compiler, "nested_compile_region",  # (older torch:
-                          lambda forward: forward)  # the whole step, one graph)
-
-
 class DecoderLayer(_Sublayers):
     """Masked self-attention, cross-attention over `memory` (the encoder output), then
     feed-forward: `(B, T, C) → (B, T, C)`. With `cross_attention=False`, a GPT block.
@@ -240,7 +236,6 @@ class DecoderLayer(_Sublayers):
                               cfg.dropout)
         self.ff_norm = cfg.make_norm()
 
-    @_compile_region  # compiled once, run by every layer (chapter 12)
     def forward(self,
                 x: torch.Tensor,  # (B, T, C) target tokens
                 memory: torch.Tensor | None = None,  # (B, S, C) encoder output
@@ -367,6 +362,19 @@ class _DecoderPlumbing(nn.Module):
         if cache is not None:  # (a call that raised earlier advanced nothing)
             cache.length = length
 
+
+def _layer_step(layer: nn.Module, *args) -> torch.Tensor:
+    """A layer's call over a cache. Under `torch.compile` (chapter 12's decoding step)
+    it is a nested compile region: compiled once and reused by every layer, so compile
+    time does not grow with depth; eagerly, just the call. Calls without a cache
+    (training, a whole sequence) do not use it: torch 2.13 computes wrong gradients
+    through a region that several layers reuse."""
+    return layer(*args)
+
+
+if hasattr(torch.compiler, "nested_compile_region"):  # (older torch: the whole step)
+    _layer_step = torch.compiler.nested_compile_region(_layer_step)
+
 # %% ../nbs/09_layers.ipynb #4b487aef
 class Decoder(_DecoderPlumbing):
     """`n_layers` decoder layers and, for pre-norm, a final norm:
@@ -391,7 +399,8 @@ class Decoder(_DecoderPlumbing):
         past, caches = self._layer_caches(cache, x.shape[-2])  # no cache: 0, Nones
         angles = _stack_positions(self.rotary, positions, past, x)
         for layer, (self_cache, cross_cache) in zip(self.layers, caches):
-            x = layer(x, memory, mask, memory_mask, angles, self_cache, cross_cache,
-                      is_causal)
+            args = (x, memory, mask, memory_mask, angles, self_cache, cross_cache,
+                    is_causal)
+            x = layer(*args) if cache is None else _layer_step(layer, *args)
         self._advance(cache, past + x.shape[-2])  # every layer has written T more
         return self.norm(x)

@@ -182,6 +182,8 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     if cache is not None and not isinstance(cache, DecoderCache):  # (the decoder
         model.decoder.check_cache(cache, B, T, memory)  # checks how it fits): raises
     past = 0 if cache is None else len(cache)
+    if cache is not None and past + T > cache.max_len:  # no room for T more
+        model.decoder.check_cache(cache, B, T, memory)  # raises, saying so
     _check_length(T, c.max_len, past)
     _check_model_positions(positions, B, T)
     _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read

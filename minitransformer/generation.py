@@ -139,6 +139,8 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
     if backend is not None and not use_cache:
         raise ValueError("compile=... compiles the cached one-token step; it needs "
                          "use_cache=True")
+    if backend is not None:
+        _check_no_layer_hooks(model)
     if stop_token is not None:
         check_int(stop_token, "stop_token")
     encdec = isinstance(model, Transformer)
@@ -172,6 +174,18 @@ def _compile_backend(compile: bool | str) -> str | None:
                          f"({', '.join(sorted(backends))}), got {compile!r}")
     return "inductor" if compile is True else compile
 
+
+def _check_no_layer_hooks(model) -> None:
+    """Raise if a forward hook or an instance `forward` sits inside a decoder layer:
+    compiled, the layers run as one nested region, in which torch drops a hook's Python
+    side effects (hooks on the model, its head or its embedding run as usual)."""
+    for name, m in model.decoder.layers.named_modules(prefix="decoder.layers"):
+        if m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m):
+            raise ValueError(
+                f"compile=...: {name} has a forward hook or its own forward; inside the "
+                "compiled region of the layers its Python side effects would be lost. "
+                "Remove it, hook the model or its head instead, or pass compile=False")
+
 # %% ../nbs/12_generation.ipynb #3a1ec161
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
     """Ids `(B, total)`, each prompt ending at column P (the longest prompt's length)
@@ -185,6 +199,7 @@ def _left_padded(rows: list[list[int]], total: int, pad: int, device):
     return ids, real, positions.clamp(min=0)  # counted from each row's first token
 
 # %% ../nbs/12_generation.ipynb #8827f5be
+@torch.compiler.disable  # a loop in Python: a compiler tracing a caller runs it as is
 @torch.no_grad()
 def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder model
              prompts,  # (B, T) tensor or B lists of token ids, of any lengths

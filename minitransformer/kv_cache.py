@@ -333,7 +333,7 @@ class DecoderCache:
 
     @property
     def max_len(self) -> int:
-        return self.self_attn[0].max_len
+        return self.self_attn[0].k.shape[2]  # (B, H_kv, max_len, D)
 
     @property
     def nbytes(self) -> int:

@@ -92,7 +92,9 @@ class HeadProjection(nn.Module):
             return (_split_heads(self.qkv.queries(x), self.n_heads),
                     *context.keys_values())
         q, k, v = self.qkv(x, context)  # (B, T, C); (B, S, H_kv·D) twice
-        q, (k, v) = _split_heads(q, self.n_heads), self._kv_heads(k, v)  # (B, H, T, D)
+        heads = (*k.shape[:-1], self.n_kv_heads, self.head_dim)  # (B, S, H_kv, D)
+        q = _split_heads(q, self.n_heads)  # (B, H, T, D)
+        k, v = k.view(heads).transpose(-3, -2), v.view(heads).transpose(-3, -2)
         if self.rotary is not None:  # rotate q and k (before caching: the cache keeps
             if positions is None:  # rotated keys); by default the T positions after
                 past = 0 if cache is None else len(cache)  # the cache's earlier ones
@@ -107,13 +109,8 @@ class HeadProjection(nn.Module):
     def context_keys_values(self, context: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:
         "Keys and values `(B, H_kv, S, D)` of `context` for cross-attention's cache."
-        return self._kv_heads(*self.qkv.keys_values(context))
-
-    def _kv_heads(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        "`split_heads` of K and V `(B, S, H_kv·D)` at once: `(B, H_kv, S, D)` each."
-        *lead, S, _ = k.shape
-        heads = (*lead, S, self.n_kv_heads, self.head_dim)  # (B, S, H_kv, D)
-        return k.view(heads).transpose(-3, -2), v.view(heads).transpose(-3, -2)
+        k, v = self.qkv.keys_values(context)  # (B, S, H_kv·D) each
+        return _split_heads(k, self.n_kv_heads), _split_heads(v, self.n_kv_heads)
 
 # %% ../nbs/05_multihead.ipynb #1fb8b252
 def default_positions(past: int, T: int, device=None) -> torch.Tensor:

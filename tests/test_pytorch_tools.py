@@ -143,7 +143,7 @@ def test_hooks_and_a_users_forward_are_seen_by_eager_and_compiled_generate():
     model = gpt(**RECIPE).eval()
     seen = {"model": 0, "layer": 0, "head": 0}
     model.register_forward_hook(lambda *a: seen.__setitem__("model", seen["model"] + 1))
-    model.decoder.layers[1].register_forward_hook(
+    hook = model.decoder.layers[1].register_forward_hook(
         lambda *a: seen.__setitem__("layer", seen["layer"] + 1))
     plain = model.head.forward
 
@@ -154,10 +154,16 @@ def test_hooks_and_a_users_forward_are_seen_by_eager_and_compiled_generate():
     model.head.forward = head
     eager = generate(model, [[1, 2, 3]], 5)
     assert seen == {"model": 5, "layer": 5, "head": 5}, seen
+    try:  # inside the layers' compiled region a hook's side effects would be lost
+        generate(model, [[1, 2, 3]], 5, compile="eager")
+        raise AssertionError("a layer's hook was accepted")
+    except ValueError as e:
+        assert "decoder.layers.1 has a forward hook" in str(e), e
+    hook.remove()
     compiled = generate(model, [[1, 2, 3]], 5, compile="eager")
     assert compiled == eager
-    # the compiled steps run the hooks too (traced into the graph, run each call)
-    assert seen == {"model": 10, "layer": 10, "head": 10}, seen
+    # the compiled steps run the model's hook and the head's forward each call
+    assert seen == {"model": 10, "layer": 5, "head": 10}, seen
     assert vars(model.head)["forward"] is head  # the user's forward is still there
     print("ok")
     """)

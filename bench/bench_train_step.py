@@ -17,7 +17,9 @@ targets, backward, AdamW step (the recipe's lr 3e-3, betas (0.9, 0.99), weight d
 model then of the other, alternating which goes first; the report gives each one's
 median time per step (and the middle half of the rounds) and tokens per second
 (16 x 128 tokens a step), and the median of the per-round ratios recipe/gpt2 (goal:
-<= 1.1). Medians, since on a shared machine some rounds stall; --threads 1 is steadier.
+<= 1.1, compiled), eagerly and through `torch.compile(model)` (as `train(compile=True)`
+runs the steps), and each model's compiled/eager speed-up. Medians, since on a shared
+machine some rounds stall; --threads 1 is steadier.
 
 --profile instead runs torch.profiler over a few steps of each model, interleaved, and
 prints per step (medians over the rounds) the top ops by self CPU time for each, the
@@ -56,11 +58,13 @@ def adamw(model: GPT) -> torch.optim.AdamW:
                                "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.99))
 
 
-def make_step(model: GPT, x: torch.Tensor, y: torch.Tensor):
+def make_step(model: GPT, x: torch.Tensor, y: torch.Tensor, compiled: bool = False):
+    "A train step; `compiled`: via `torch.compile(model)`, as `train(compile=True)`."
     opt = adamw(model)
+    net = torch.compile(model) if compiled else model
 
     def step() -> None:
-        loss = sequence_loss(model(x), y)
+        loss = sequence_loss(net(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -236,6 +240,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each first")
     ap.add_argument("--threads", type=int, default=None, help="default: torch's")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 2 steps")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="eager steps only (default: eager and torch.compile(model))")
     ap.add_argument("--profile", action="store_true",
                     help="profile a few steps of each instead of timing")
     ap.add_argument("--profile-rounds", type=int, default=7)
@@ -260,26 +266,37 @@ def main() -> None:
     if a.profile:
         print_profile(models, x, y, a.profile_rounds, a.profile_steps, a.top)
         return
-    steps = {name: make_step(m, x, y) for name, m in models.items()}
-    for name in steps:
-        run_steps(steps[name], a.warmup)
-    times = {name: [] for name in steps}
-    ratios = []
+    modes = ("eager",) if a.no_compile else ("eager", "compiled")
+    steps = {(name, mode): make_step(m, x, y, mode == "compiled")
+             for mode in modes for name, m in models.items()}
+    for key in steps:  # (the compiled ones compile here)
+        run_steps(steps[key], a.warmup)
+    times = {key: [] for key in steps}
+    ratios = {mode: [] for mode in modes}
     for i in range(a.rounds):
-        order = ["recipe", "gpt2"] if i % 2 == 0 else ["gpt2", "recipe"]
-        for name in order:
-            times[name].append(run_steps(steps[name], a.steps))
-        ratios.append(times["recipe"][-1] / times["gpt2"][-1])
+        order = list(steps) if i % 2 == 0 else list(steps)[::-1]
+        for key in order:
+            times[key].append(run_steps(steps[key], a.steps))
+        for mode in modes:
+            ratios[mode].append(times["recipe", mode][-1] / times["gpt2", mode][-1])
     print(f"{a.rounds} rounds x {a.steps} steps of each, interleaved "
           f"(after {a.warmup} warm-up steps)")
-    print(f"{'model':<10}{'ms/step':>9}{'middle half':>15}{'tokens/s':>10}")
-    for name, ts in times.items():
+    print(f"{'model':<20}{'ms/step':>9}{'middle half':>15}{'tokens/s':>10}")
+    for (name, mode), ts in times.items():
         q1, med, q3 = quartiles(ts)
-        print(f"{name:<10}{1e3 * med:>9.1f}{f'{1e3 * q1:.1f}..{1e3 * q3:.1f}':>15}"
-              f"{B * T / med:>10,.0f}")
-    q1, med, q3 = quartiles(ratios)
-    print(f"ratio recipe/gpt2, median of the per-round ratios: {med:.3f} (goal <= 1.1; "
-          f"middle half of the rounds {q1:.3f}..{q3:.3f})")
+        print(f"{name + ', ' + mode:<20}{1e3 * med:>9.1f}"
+              f"{f'{1e3 * q1:.1f}..{1e3 * q3:.1f}':>15}{B * T / med:>10,.0f}")
+    for mode in modes:
+        q1, med, q3 = quartiles(ratios[mode])
+        goal = " (goal <= 1.1)" if mode == modes[-1] else ""
+        print(f"ratio recipe/gpt2, {mode}, median of the per-round ratios: {med:.3f}"
+              f"{goal}; middle half of the rounds {q1:.3f}..{q3:.3f}")
+    if "compiled" in modes:
+        for name in models:
+            speedup = [e / c for e, c in zip(times[name, "eager"],
+                                             times[name, "compiled"])]
+            print(f"{name}: compiled / eager speed-up, median of the rounds: "
+                  f"{quartiles(speedup)[1]:.2f}x")
 
 
 def quartiles(xs: list) -> tuple:

@@ -15,7 +15,7 @@ from .mixing import softmax
 from .qkv import check_qkv
 
 # %% auto #0
-__all__ = ['check_mask', 'attention_with_weights', 'scaled_dot_product_attention']
+__all__ = ['check_mask', 'attention_with_weights', 'scaled_dot_product_attention', 'attend']
 
 # %% ../nbs/04_attention.ipynb #4e9b74c7
 _SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa
@@ -23,8 +23,10 @@ _SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)  # ena
 
 def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -> None:
     "Raise unless `mask` is None or boolean (True = attend) and broadcasts to `shape`."
-    if not (isinstance(shape, (tuple, torch.Size))
-            and all(isinstance(n, int) and n >= 0 for n in shape)):
+    sizes = isinstance(shape, (tuple, torch.Size))
+    for n in shape if sizes else ():  # (a loop, not all(...): this runs every call)
+        sizes = sizes and isinstance(n, (int, torch.SymInt)) and n >= 0
+    if not sizes:  # (torch.SymInt: a size while torch.compile traces)
         raise TypeError(f"shape must be a tuple of sizes, got {shape!r}")
     _check_mask(mask, shape)
 
@@ -132,10 +134,10 @@ def scaled_dot_product_attention(
     builds no mask at all: the kernel skips the blocked half itself (on CUDA, the
     flash kernel)."""
     scale = _check_args(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
-    return _attend(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
+    return attend(q, k, v, mask, dropout_p, scale, enable_gqa, is_causal)
 
 
-def _attend(q, k, v, mask=None, dropout_p: float = 0.0, scale=None,
+def attend(q, k, v, mask=None, dropout_p: float = 0.0, scale=None,
             enable_gqa: bool = False, is_causal: bool = False) -> torch.Tensor:
     """`scaled_dot_product_attention` without its checks: what the modules call, with
     arguments they have built. The one place where a query that may see no key gets

@@ -22,8 +22,8 @@ from .model import (
 
 # %% auto #0
 __all__ = ['FORMAT', 'MODEL_CLASSES', 'TRAIN_PREFIX', 'write_safetensors', 'save_checkpoint', 'parse_json_object', 'read_header',
-           'check_layer_count', 'name_in_errors', 'expected_layout', 'tied_parameters', 'load_checkpoint',
-           'model_from_state', 'read_train_state']
+           'check_layer_count', 'name_in_errors', 'expected_layout', 'tied_parameters', 'check_saveable',
+           'load_checkpoint', 'model_from_state', 'read_train_state']
 
 # %% ../nbs/92_checkpoints.ipynb #b5ca59d4
 FORMAT = "minitransformer-checkpoint-3"  # the format's name and version
@@ -80,6 +80,7 @@ def save_checkpoint(model: nn.Module, path: str | Path,
     kind = type(model).__name__
     if kind not in MODEL_CLASSES or type(model) is not MODEL_CLASSES[kind][0]:
         raise TypeError(f"model must be one of {list(MODEL_CLASSES)}, got {kind}")
+    check_saveable(model)  # a file that load_checkpoint can rebuild
     extra = extra or {}
     odd = [k for k in extra if not (isinstance(k, str) and k.startswith(TRAIN_PREFIX))]
     if odd:
@@ -274,6 +275,19 @@ def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None
     if differ:  # e.g. a model changed after it was built
         raise ValueError(f"{path}: the model's tensors differ from the checkpoint's "
                          f"config: {differ[:5]}")
+
+
+def check_saveable(model: nn.Module) -> None:
+    """Raise unless `model`'s weights are those its config builds: what a checkpoint
+    holds and `load_checkpoint` rebuilds (a model with LoRA adapters is not)."""
+    want = set(expected_layout(type(model), model.config)[0])
+    odd = sorted(set(model.state_dict()) ^ want)
+    if odd:
+        raise ValueError(
+            f"checkpoint: a checkpoint holds a {type(model).__name__} as its config "
+            f"builds it, but this model's weights differ ({odd[0]}, ...); a model "
+            "with LoRA adapters (chapter 17) saves them with save_adapter, and its "
+            "base with save_checkpoint, before add_lora or after merge_lora")
 
 # %% ../nbs/92_checkpoints.ipynb #ebb70840
 def load_checkpoint(path: str | Path, model: nn.Module | None = None,

@@ -12,7 +12,7 @@ import torch
 # %% auto #0
 __all__ = ['shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number', 'check_probability',
            'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask', 'is_integer_tensor', 'check_float_dtype',
-           'autocast_on', 'check_dtype', 'check_width', 'check_module', 'tracing']
+           'autocast_on', 'check_dtype', 'check_width', 'check_module', 'tracing', 'check_backend']
 
 # %% ../nbs/93_checks.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
@@ -226,3 +226,15 @@ def tracing() -> bool:
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
                             lambda: False)
+
+
+def check_backend(compile, name: str = "compile") -> str | None:
+    """The `torch.compile` backend that `compile` asks for (True: inductor; a name:
+    that backend), or None for False; else raise naming the backends there are."""
+    if compile is False:
+        return None
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if compile is not True and compile not in backends:
+        raise ValueError(f"{name} must be True, False or a torch.compile backend "
+                         f"({', '.join(sorted(backends))}), got {compile!r}")
+    return "inductor" if compile is True else compile

@@ -12,7 +12,7 @@ import torch
 
 from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
-    check_tensor, shape_str, tracing)
+    check_backend, check_tensor, shape_str, tracing)
 from .embeddings import check_id_list, pad_ids
 from .model import GPT, Transformer
 
@@ -135,7 +135,7 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
                         f"{type(model).__name__}")
     _check_sampling(temperature, top_k, top_p, generator)
     check_flag(use_cache, "use_cache")
-    backend = _compile_backend(compile)  # None: run eagerly
+    backend = check_backend(compile)  # None: run eagerly
     if backend is not None and not use_cache:
         raise ValueError("compile=... compiles the cached one-token step; it needs "
                          "use_cache=True")
@@ -161,18 +161,6 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
         if len(src_rows) != len(rows):
             raise ValueError(f"{len(rows)} prompts but {len(src_rows)} sources")
     return rows, src_rows, max_new_tokens, backend
-
-
-def _compile_backend(compile: bool | str) -> str | None:
-    """The `torch.compile` backend that `compile` asks for (True: inductor; a name:
-    that backend), or None for False; else raise naming the backends there are."""
-    if compile is False:
-        return None
-    backends = torch._dynamo.list_backends(exclude_tags=())
-    if compile is not True and compile not in backends:
-        raise ValueError(f"compile must be True, False or a torch.compile backend "
-                         f"({', '.join(sorted(backends))}), got {compile!r}")
-    return "inductor" if compile is True else compile
 
 
 def _check_no_layer_hooks(model) -> None:

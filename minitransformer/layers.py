@@ -9,14 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import _check_mask
+from .attention import check_mask
 from .checks import (
     broadcast_shape, check_bool_mask, check_choice, check_dropout, check_dtype,
     check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
     check_width, shape_str)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, check_heads, default_positions
-from .positions import _check_angle_positions
 
 # %% auto #0
 __all__ = ['NORMS', 'RMSNorm', 'make_norm', 'LayerConfig', 'EncoderLayer', 'DecoderLayer', 'Encoder', 'Decoder']
@@ -277,7 +276,7 @@ def _check_stack_args(stack: nn.Module, x, mask, positions,
     if first._odd_x(x):
         first._check_x(x)  # raises
     B, T = x.shape[0], x.shape[-2]
-    _check_mask(mask, (B, first.self_attn.n_heads, T, T if keys is None else keys))
+    check_mask(mask, (B, first.self_attn.n_heads, T, T if keys is None else keys))
     if positions is None:
         return
     if stack.rotary is None:
@@ -287,7 +286,7 @@ def _check_stack_args(stack: nn.Module, x, mask, positions,
     if not _positions_fit(positions, B, T):
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
                          f"got shape {shape_str(positions)}")
-    _check_angle_positions(positions)  # an integer tensor (the model reads the values)
+    # (their dtype: rotary.angles checks it; their values: the model reads them)
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):

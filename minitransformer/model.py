@@ -8,16 +8,16 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from .attention import _check_mask
+from .attention import check_mask
 from minitransformer.checks import (
     check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_module,
     check_number, check_positive_int, check_tensor, is_integer_tensor, shape_str,
     tracing)
 from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache, check_encoder_output
-from .layers import Decoder, Encoder, LayerConfig, _positions_fit
+from .layers import Decoder, Encoder, LayerConfig
 from .masks import (
-    _decoder_mask, check_decoder_masks, padding_mask_from_real)
+    check_decoder_masks, decoder_mask, padding_mask_from_real)
 from .multihead import default_positions
 from .positions import (
     LearnedPositions, RotaryEmbedding, SinusoidalPositions, check_positions)
@@ -100,8 +100,8 @@ def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
     if (T > 1 and attention_mask is None and full_attention_mask is None
             and keys is None):
         return None, True
-    return _decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
-                         keys=keys), False
+    return decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
+                        keys=keys), False
 
 
 def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
@@ -144,7 +144,9 @@ def _check_model_positions(positions, B: int, T: int) -> None:
     if positions is None:
         return
     check_tensor(positions, "positions")
-    if not _positions_fit(positions, B, T):
+    n = positions.dim()  # (T,) or (B, T), size by size (under a compiler: symbols)
+    if not ((n == 1 and positions.shape[0] == T) or (
+            n == 2 and positions.shape[0] == B and positions.shape[1] == T)):
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
                          f"got shape {shape_str(positions)}")
     if not is_integer_tensor(positions):
@@ -152,10 +154,8 @@ def _check_model_positions(positions, B: int, T: int) -> None:
                         f"{positions.dtype}")
 
 
-def _check_ranges(ids, vocab_size: int, name: str, positions=None,
-                  max_len: int = 0) -> None:
-    """Raise unless `ids` lie in [0, vocab_size) and `positions` (if any) in
-    [0, max_len): the values are read once, together, and not under a tracer."""
+def _check_ranges(ids, vocab_size: int, name: str, positions=None, max_len=0) -> None:
+    "Raise unless ids are in [0, vocab_size), positions in [0, max_len): one read."
     if tracing():  # (appendix D: a tracer records the call, it has no values)
         return
     both = positions is not None and positions.numel()
@@ -190,7 +190,7 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     keys = None if cache is None or not cache.static else cache.max_len
     check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
     if full_attention_mask is not None:  # its heads, too: (B, H, T, its keys)
-        _check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.shape[-1]))
+        check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.shape[-1]))
     check_flag(last_only, "last_only")
     return B
 
@@ -236,7 +236,6 @@ def _check_text_encoder(model, ids, attention_mask, token_type_ids, prefix) -> N
     check_token_ids(ids, model.config.vocab_size, "ids")
     if attention_mask is not None:
         padding_mask_from_real(attention_mask, B, T, "attention_mask")
-    # (the token types: in forward, by _token_types)
 
 
 def _check_prefix(model, prefix, B: int) -> int:

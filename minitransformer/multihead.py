@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .attention import (
-    _attend, _check_mask, attention_with_weights, scaled_dot_product_attention)
+    attend, attention_with_weights, check_mask, scaled_dot_product_attention)
 from .checks import (
     check_dropout, check_int, check_positive_int, check_tensor, shape_str)
 from .qkv import QKVProjection
@@ -244,9 +244,9 @@ class MultiHeadAttention(HeadProjection):
                 mask.dtype != torch.bool or mask.dim() > 4
                 or (mask.dim() >= 1 and mask.shape[-1] != S and mask.shape[-1] != 1)
                 or (mask.dim() >= 2 and mask.shape[-2] != T and mask.shape[-2] != 1)):
-            _check_mask(mask, (*q.shape[:-2], T, S))  # raises
+            check_mask(mask, (*q.shape[:-2], T, S))  # raises
         p = self.dropout if self.training else 0.0
-        o = _attend(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
+        o = attend(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
                     enable_gqa=self.n_kv_heads != self.n_heads, is_causal=is_causal)
         return self.out(_merge_heads(o))  # (B, T, C)
 

@@ -21,12 +21,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .checkpoints import (
-    MODEL_CLASSES, TRAIN_PREFIX, expected_layout, load_checkpoint, read_header,
+    MODEL_CLASSES, TRAIN_PREFIX, check_saveable, load_checkpoint, read_header,
     read_train_state, save_checkpoint)
 from .checks import (
-    check_choice, check_flag, check_int, check_module, check_number, check_positive_int,
+    check_backend, check_choice, check_flag, check_int, check_module, check_number, check_positive_int,
     check_probability, check_tensor, is_integer_tensor, shape_str)
-from .generation import _compile_backend
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'sequence_loss', 'learning_rate', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
@@ -320,7 +319,7 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
         if type(model) not in [cls for cls, _ in MODEL_CLASSES.values()]:
             raise TypeError(f"checkpoints hold one of {list(MODEL_CLASSES)}; model is "
                             f"a {type(model).__name__}")
-        _check_plain_layout(model)
+        check_saveable(model)  # (a LoRA model's adapters: save_adapter)
     if processes is None or type(processes) is SingleProcess:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             raise ValueError("this process is one of several (torch.distributed): "
@@ -348,7 +347,7 @@ def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
         eval_every=maybe(eval_every, check_positive_int, "eval_every"),
         log_every=check_int(log_every, "log_every", minimum=0),
         autocast_bf16=check_flag(autocast_bf16, "autocast_bf16"),
-        compile=_compile_backend(compile),
+        compile=check_backend(compile),
         on_nonfinite=check_choice(on_nonfinite, "on_nonfinite", ("raise", "skip")),
         checkpoint=None if checkpoint is None else Path(checkpoint),
         checkpoint_every=maybe(checkpoint_every, check_positive_int,
@@ -428,18 +427,6 @@ def _adamw(params: list, lr: float, betas: tuple,
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 
-
-def _check_plain_layout(model: nn.Module) -> None:
-    "Raise unless `model`'s weights are those its config builds (what a checkpoint holds)."
-    want = set(expected_layout(type(model), model.config)[0])
-    odd = sorted(set(model.state_dict()) ^ want)
-    if odd:
-        raise ValueError(
-            f"checkpoint: a checkpoint holds a {type(model).__name__} as its config "
-            f"builds it, but this model's weights differ ({odd[0]}, ...); a model "
-            "with LoRA adapters (chapter 17) saves them with save_adapter, and its "
-            "base with save_checkpoint, before add_lora or after merge_lora")
-
 # %% ../nbs/13_training.ipynb #c4d2e8a7
 def train(model: nn.Module,
           next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
@@ -483,8 +470,7 @@ def train(model: nn.Module,
         return TrainLog()  # an empty budget: nothing to do
     params = [p for p in model.parameters() if p.requires_grad]
     ranks = a["processes"]  # one process, or one of torchrun's
-    compiled = model if a["compile"] is None else torch.compile(model,
-                                                                backend=a["compile"])
+    compiled = torch.compile(model, backend=a["compile"]) if a["compile"] else model
     net = ranks.wrap(compiled)  # DDP copies rank 0's weights to every rank
     opt = _adamw(params, a["lr"], a["betas"], a["weight_decay"])
     average = None if a["ema"] is None else WeightAverage(params, a["ema"], "ema")

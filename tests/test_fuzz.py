@@ -93,6 +93,12 @@ EXEMPT = {
     "checks.tracing": "takes no arguments: whether a tracer (torch.compile, torch.export, "
                       "torch.func, fx) records the call",
     "masks.check_decoder_masks": "the checks of masks.decoder_mask, fuzzed through it",
+    "attention.attend": "scaled_dot_product_attention without its checks, for modules that "
+                        "built their arguments; fuzzed through scaled_dot_product_attention",
+    "checks.check_backend": "names torch.compile's backends; its refusals are tested through "
+                            "generate's and train's compile= (tests/test_fast_paths.py)",
+    "checkpoints.check_saveable": "compares a model's weights with its config's layout; its "
+                                  "own tests (tests/test_robustness.py)",
     "checks.autocast_on": "reads torch's autocast state for a device type; exercised by "
                         "checks.check_dtype and the chapter notebooks",
     **{f"exercises.{name}": "runs a reader's function on its own cases; right and wrong "

@@ -503,3 +503,22 @@ def test_a_wrong_dtype_is_refused_before_reading(tmp_path, dtype):
         load_folder(folder, dtype=dtype)
     with pytest.raises((TypeError, ValueError), match="dtype"):
         load_gguf(gguf_file(tmp_path / "d.gguf"), dtype=dtype)
+
+
+def test_a_config_too_large_to_exist_names_its_file(tmp_path):
+    "hidden_size=10**9 with one head: tensors too large to exist, refused naming config.json."
+    folder = llama_folder(tmp_path / "huge", hidden_size=10**9, num_attention_heads=1,
+                          num_key_value_heads=1)
+    with pytest.raises(ValueError, match="config.json") as e:
+        load_folder(folder)
+    assert "too large" in str(e.value) or "shape" in str(e.value), e.value
+
+
+def test_a_lora_model_is_not_saved_as_a_checkpoint(tmp_path):
+    "save_checkpoint would write a file load_checkpoint rejects: refused, pointing on."
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, d_model=16, n_heads=2, n_layers=1, max_len=8))
+    add_lora(model, ["q_proj", "v_proj"], r=2)
+    with pytest.raises(ValueError, match="save_adapter"):
+        save_checkpoint(model, tmp_path / "lora.safetensors")
+    assert not (tmp_path / "lora.safetensors").exists()

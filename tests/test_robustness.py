@@ -462,3 +462,41 @@ def test_make_cache_without_memory_is_a_type_error_naming_memory():
         tr.make_cache(None)
     with pytest.raises(ValueError, match=r"memory must be the encoder output \(B, S, C\)"):
         tr.make_cache(torch.zeros(2, 3, 8))
+
+
+def test_train_refuses_a_checkpoint_of_a_lora_model_up_front(tmp_path):
+    from minitransformer.lora import add_lora
+    model = GPT(CFG)
+    add_lora(model, ["q_proj", "v_proj"], r=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="save_adapter"):
+        train(model, batch, lambda m, b: sequence_loss(m(b[0]), b[1]), steps=2,
+              checkpoint=tmp_path / "run.safetensors", log_every=0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_load_checkpoint_keeps_the_stored_dtype(tmp_path):
+    model = GPT(CFG).to(torch.bfloat16)
+    save_checkpoint(model, tmp_path / "bf16.safetensors")
+    assert next(load_checkpoint(tmp_path / "bf16.safetensors").parameters()).dtype == \
+        torch.bfloat16
+    as32 = load_checkpoint(tmp_path / "bf16.safetensors", dtype=torch.float32)
+    assert next(as32.parameters()).dtype == torch.float32
+    with pytest.raises(TypeError, match="dtype"):
+        load_checkpoint(tmp_path / "bf16.safetensors", dtype=torch.int64)
+
+
+def test_vocabulary_construction_is_linear():
+    import time
+    from minitransformer.embeddings import Vocabulary
+    tokens = [f"t{i}" for i in range(20_000)] * 2
+    start = time.perf_counter()
+    vocab = Vocabulary(tokens)
+    assert len(vocab) == 20_004 and vocab.itos[4:6] == ["t0", "t1"]
+    assert time.perf_counter() - start < 0.5  # was 2.4 s (a list searched per token)
+
+
+def test_read_bandwidth_refuses_more_than_memory_before_allocating():
+    from minitransformer.generation import read_bandwidth
+    with pytest.raises(ValueError, match="n_bytes"):
+        read_bandwidth(n_bytes=10**13)

@@ -280,6 +280,9 @@ def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None
 def check_saveable(model: nn.Module) -> None:
     """Raise unless `model`'s weights are those its config builds: what a checkpoint
     holds and `load_checkpoint` rebuilds (a model with LoRA adapters is not)."""
+    if type(model) not in [cls for cls, _ in MODEL_CLASSES.values()]:
+        raise TypeError(f"model must be one of {list(MODEL_CLASSES)}, got "
+                        f"{type(model).__name__}")
     want = set(expected_layout(type(model), model.config)[0])
     odd = sorted(set(model.state_dict()) ^ want)
     if odd:
@@ -300,6 +303,9 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
     changed; `average=True` loads a training checkpoint's averaged weights instead
     of its live ones."""
     check_float_dtype(dtype)
+    if model is not None and dtype is not None:
+        raise ValueError("dtype is for a new model; a model given keeps its own dtype "
+                         "(convert it with model.to(dtype))")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")

@@ -275,19 +275,24 @@ _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
 @functools.cache
 def _compiled_step(backend: str):
     """`_step` through `torch.compile` with `backend`: one graph of the step around
-    one compiled region, `DecoderLayer.forward`, that every layer calls."""
+    one compiled region, `layers._layer_step`, that every layer calls."""
     compiled = torch.compile(_step, backend=backend, dynamic=True)  # lengths: symbols
+    cfg, exc = torch._dynamo.config, torch._dynamo.exc  # (older torch: "cache" names)
+    limits = {k: v for k, v in dict(
+        recompile_limit=_RECOMPILE_LIMIT, cache_size_limit=_RECOMPILE_LIMIT,
+        fail_on_recompile_limit_hit=True, fail_on_cache_limit_hit=True,
+        specialize_float=True).items() if hasattr(cfg, k)}  # (floats: constants)
+    hit = tuple(getattr(exc, name) for name in ("FailOnRecompileLimitHit",
+                                                "FailOnCacheLimitHit") if hasattr(exc, name))
 
     def step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
         own = dict(memory_format=torch.contiguous_format)  # copies, not views: a view's
         ids = ids.clone(**own)  # offset into generate's buffers would be one more
         kw = kw | dict(positions=kw["positions"].clone(**own))  # number to guard
-        limits = dict(recompile_limit=_RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True,
-                      specialize_float=True)  # (floats: the model's constants)
         try:
-            with torch._dynamo.config.patch(**limits):  # (never silently eager)
+            with cfg.patch(**limits):  # (never silently eager)
                 return compiled(model, ids, memory, source_mask, kw)
-        except torch._dynamo.exc.FailOnRecompileLimitHit as e:
+        except hit as e:
             raise RuntimeError(
                 f"compile={backend!r}: torch.compile has compiled {_RECOMPILE_LIMIT} "
                 "graphs of generate's step in this process (one per model "

@@ -66,6 +66,7 @@ class KVCache(nn.Module):
         buf = self.k  # (B, H_kv, max_len, D): k and v must fit it
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
                 and k.dim() == 4 and k.shape == v.shape and k.shape[:2] == buf.shape[:2]
+                and k.is_floating_point() and v.is_floating_point()
                 and k.shape[3] == buf.shape[3] and k.device == buf.device == v.device):
             _check_entries(buf, k, v)  # raises (appendix D: shapes, here)
         past = self.length if self.stack is None else self.stack.length

@@ -286,7 +286,8 @@ def _check_stack_args(stack: nn.Module, x, mask, positions,
     if not _positions_fit(positions, B, T):
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
                          f"got shape {shape_str(positions)}")
-    # (their dtype: rotary.angles checks it; their values: the model reads them)
+    # (their dtype: rotary.angles checks it; any integer is an angle: a model reads
+    # its positions' range against max_len where its call begins)
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):

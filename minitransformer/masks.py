@@ -136,7 +136,7 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
 
 def _decoder_mask(B: int, T: int, past: int, attention_mask=None,
                   full_attention_mask=None, device=None, keys: int | None = None):
-    "`decoder_mask` without its checks (a model has checked its masks on entry)."
+    "`decoder_mask` without its checks, for sizes and masks known to be valid."
     S = past + T
     keys = S if keys is None else keys
     if full_attention_mask is not None:

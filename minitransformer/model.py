@@ -159,8 +159,8 @@ def _check_ranges(ids, vocab_size: int, name: str, positions=None, max_len=0) ->
     if tracing():  # (appendix D: a tracer records the call, it has no values)
         return
     both = positions is not None and positions.numel()
-    ends = torch.stack([ids.min(), ids.max()] + (  # one transfer for all four
-        [positions.min().to(ids.dtype), positions.max().to(ids.dtype)] if both else []))
+    ends = [ids.min(), ids.max()] + ([positions.min(), positions.max()] if both else [])
+    ends = torch.stack([e.to(ids.device, torch.long) for e in ends])  # one transfer
     low, high, *where = ends.tolist()
     if low < 0 or high >= vocab_size:
         check_token_ids(ids, vocab_size, name)  # raises, naming the first bad id

@@ -240,10 +240,13 @@ class MultiHeadAttention(HeadProjection):
                 ) -> torch.Tensor:  # (B, T, C)
         q, k, v = self.project(x, context, positions, cache)  # K, V: H_kv heads
         T, S = q.shape[-2], k.shape[-2]
-        if mask is not None and (  # bool, to (..., T, S): else say how it does not fit
-                mask.dtype != torch.bool or mask.dim() > 4
-                or (mask.dim() >= 1 and mask.shape[-1] != S and mask.shape[-1] != 1)
-                or (mask.dim() >= 2 and mask.shape[-2] != T and mask.shape[-2] != 1)):
+        n = mask.dim() if isinstance(mask, torch.Tensor) else 5  # (5: not a mask)
+        if mask is not None and (  # bool, to (B, H, T, S): else say how it does not fit
+                n > 4 or mask.dtype != torch.bool
+                or (n >= 1 and mask.shape[-1] != S and mask.shape[-1] != 1)
+                or (n >= 2 and mask.shape[-2] != T and mask.shape[-2] != 1)
+                or (n >= 3 and mask.shape[-3] != q.shape[-3] and mask.shape[-3] != 1)
+                or (n == 4 and mask.shape[0] != q.shape[0] and mask.shape[0] != 1)):
             check_mask(mask, (*q.shape[:-2], T, S))  # raises
         p = self.dropout if self.training else 0.0
         o = attend(q, k, v, mask, dropout_p=p,  # (B, H, T, D)

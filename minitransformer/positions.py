@@ -142,7 +142,9 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         "`x` `(..., T, D)` rotated by `angles`: `x·cos + turn(x)·sin`."
-        cos, sin = angles if type(angles) is tuple and len(angles) == 2 else (x, x)
+        if not (type(angles) is tuple and len(angles) == 2):
+            angles = _check_rotate(x, angles, self.head_dim)  # (cos, sin), or raises
+        cos, sin = angles
         if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2
                 and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
                 and x.shape[-1] == self.head_dim == cos.shape[-1]

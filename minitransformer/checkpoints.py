@@ -179,7 +179,8 @@ def _meta_model(cls: type, config) -> nn.Module:
     try:
         return cls(config)
     except RuntimeError as e:  # e.g. a size whose bytes overflow 64 bits
-        raise ValueError(f"the config describes tensors too large to exist ({e})") from e
+        raise ValueError(f"the config describes tensors too large to exist "
+                         f"({e})") from e
 
 
 def expected_layout(cls: type, config) -> tuple[dict, dict]:

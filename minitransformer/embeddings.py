@@ -229,7 +229,7 @@ def _check_embedding_args(vocab_size, d_model, padding_idx, scale, init_std):
 
 # %% ../nbs/02_embeddings.ipynb #a3248466
 class TokenEmbedding(nn.Module):
-    """Ids `(..., T)` → vectors `(..., T, C)`: rows of a learned `(vocab_size, C)` table.
+    """Ids `(..., T)` → vectors `(..., T, C)`, rows of a `(vocab_size, C)` table.
     An id outside the table raises a `ValueError` naming it (the models check their
     ids' range when a call starts; alone, the module reads the ids only when
     `F.embedding` refuses one)."""
@@ -260,7 +260,7 @@ class TokenEmbedding(nn.Module):
         if not (isinstance(ids, torch.Tensor) and is_integer_tensor(ids)):
             check_token_ids(ids, self.vocab_size, name)  # raises: not integer ids
         try:
-            x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T) -> (..., T, C)
+            x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T, C)
         except IndexError:  # an id outside the table: say which (values read now)
             check_token_ids(ids, self.vocab_size, name)
             raise

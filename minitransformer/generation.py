@@ -170,9 +170,29 @@ def _check_no_layer_hooks(model) -> None:
     for name, m in model.decoder.layers.named_modules(prefix="decoder.layers"):
         if m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m):
             raise ValueError(
-                f"compile=...: {name} has a forward hook or its own forward; inside the "
-                "compiled region of the layers its Python side effects would be lost. "
+                f"compile=...: {name} has a forward hook or its own forward; inside "
+                "the compiled region of the layers its Python side effects would be "
+                "lost. "
                 "Remove it, hook the model or its head instead, or pass compile=False")
+
+
+def _check_bandwidth_args(n_bytes, repeats) -> tuple[int, int]:
+    "`read_bandwidth`'s arguments as ints (more than half the memory: refused)."
+    n_bytes, repeats = check_int(n_bytes, "n_bytes", minimum=4), check_positive_int(
+        repeats, "repeats")
+    memory = _memory_bytes()
+    if memory is not None and n_bytes > memory // 2:
+        raise ValueError(f"n_bytes={n_bytes:,} is more than half of this machine's "
+                         f"{memory:,} bytes of memory")
+    return n_bytes, repeats
+
+
+def _memory_bytes() -> int | None:
+    "This machine's physical memory in bytes, where the OS says (None elsewhere)."
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # e.g. Windows
+        return None
 
 # %% ../nbs/12_generation.ipynb #3a1ec161
 def _left_padded(rows: list[list[int]], total: int, pad: int, device):
@@ -282,8 +302,8 @@ def _compiled_step(backend: str):
         recompile_limit=_RECOMPILE_LIMIT, cache_size_limit=_RECOMPILE_LIMIT,
         fail_on_recompile_limit_hit=True, fail_on_cache_limit_hit=True,
         specialize_float=True).items() if hasattr(cfg, k)}  # (floats: constants)
-    hit = tuple(getattr(exc, name) for name in ("FailOnRecompileLimitHit",
-                                                "FailOnCacheLimitHit") if hasattr(exc, name))
+    hit = tuple(getattr(exc, name) for name in (
+        "FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, name))
 
     def step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
         own = dict(memory_format=torch.contiguous_format)  # copies, not views: a view's
@@ -317,12 +337,7 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
     """How fast this CPU reads memory with torch's threads: `x.sum()` over `n_bytes`
     of float32, the median of `repeats` timed runs after an untimed one (which maps
     the pages)."""
-    n_bytes, repeats = check_int(n_bytes, "n_bytes", minimum=4), check_positive_int(
-        repeats, "repeats")
-    memory = _memory_bytes()  # refused before anything is allocated
-    if memory is not None and n_bytes > memory // 2:
-        raise ValueError(f"n_bytes={n_bytes:,} is more than half of this machine's "
-                         f"{memory:,} bytes of memory")
+    n_bytes, repeats = _check_bandwidth_args(n_bytes, repeats)  # (before allocating)
     x = torch.ones(n_bytes // 4)
     x.sum()
     times = []
@@ -331,11 +346,3 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
         x.sum()  # reads every byte once, writes one number
         times.append(time.perf_counter() - start)
     return x.nbytes / statistics.median(times)
-
-
-def _memory_bytes() -> int | None:
-    "This machine's physical memory in bytes, where the OS says (None elsewhere)."
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # e.g. Windows
-        return None

@@ -318,7 +318,7 @@ class DecoderCache:
         return self.max_len if self.static else self.length + T
 
     def start_call(self, T: int) -> int:
-        "Before a call that adds T tokens: the tokens cached so far (room for T: checked)."
+        "Before a call that adds T tokens: the tokens cached so far (and room for T)."
         if not (type(T) is int and 0 <= T <= self.max_len - self.length):
             _check_room(self.length, check_int(T, "T", minimum=0), self.max_len)
         return self.length

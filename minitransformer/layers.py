@@ -246,7 +246,8 @@ class DecoderLayer(_Sublayers):
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 ) -> torch.Tensor:
         if not (isinstance(x, torch.Tensor) and x.dim() == 3 and 0 not in x.shape
-                and x.shape[-1] == self.cfg.d_model and x.dtype == self.ff_norm.weight.dtype
+                and x.shape[-1] == self.cfg.d_model
+                and x.dtype == self.ff_norm.weight.dtype
                 and self.cross_attn is None and memory is None and cross_cache is None):
             _check_decoder_layer_args(self, x, memory, memory_mask, cross_cache)  # (D)
         h = self.attn_norm(x) if self.cfg.norm_first else x  # pre-norm: normalised
@@ -321,7 +322,7 @@ class Encoder(nn.Module):
 
 # %% ../nbs/09_layers.ipynb #6315ce0c
 class _DecoderPlumbing(nn.Module):
-    """What a `Decoder` does besides computing: it checks the shapes of its arguments and,
+    """What a `Decoder` does besides computing: it checks its arguments' shapes and,
     while generating, hands each layer its caches and advances the stack's length."""
 
     def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):

@@ -184,7 +184,8 @@ def check_decoder_masks(B, T, past, attention_mask=None, full_attention_mask=Non
         if (full_attention_mask.dim() < 2 or shape[-2] != T  # (no `in`: sizes may
                 or (shape[-1] != S and shape[-1] != wide)  # be symbols, compiled)
                 or full_attention_mask.dim() > 4
-                or (full_attention_mask.dim() == 4 and shape[0] != 1 and shape[0] != B)):
+                or (full_attention_mask.dim() == 4
+                    and shape[0] != 1 and shape[0] != B)):
             also = "" if wide == S else f" or {wide} (keys)"
             raise ValueError(f"full_attention_mask must broadcast to (B, H, T, S) with "
                              f"B={B}, T={T}, S={S}{also}, got {tuple(shape)}")

@@ -190,7 +190,7 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     keys = None if cache is None or not cache.static else cache.max_len
     check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
     if full_attention_mask is not None:  # its heads, too: (B, H, T, its keys)
-        check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.shape[-1]))
+        check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.size(-1)))
     check_flag(last_only, "last_only")
     return B
 

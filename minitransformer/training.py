@@ -24,8 +24,8 @@ from .checkpoints import (
     MODEL_CLASSES, TRAIN_PREFIX, check_saveable, load_checkpoint, read_header,
     read_train_state, save_checkpoint)
 from .checks import (
-    check_backend, check_choice, check_flag, check_int, check_module, check_number, check_positive_int,
-    check_probability, check_tensor, is_integer_tensor, shape_str)
+    check_backend, check_choice, check_flag, check_int, check_module, check_number,
+    check_positive_int, check_probability, check_tensor, is_integer_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'sequence_loss', 'learning_rate', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
@@ -291,8 +291,8 @@ class SingleProcess:
 # %% ../nbs/13_training.ipynb #a84d18fa
 def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                  schedule, min_lr_ratio, weight_decay, betas, clip, ema, eval_fn,
-                 eval_every, log_every, autocast_bf16, compile, on_nonfinite, checkpoint,
-                 checkpoint_every, resume, processes) -> dict:
+                 eval_every, log_every, autocast_bf16, compile, on_nonfinite,
+                 checkpoint, checkpoint_every, resume, processes) -> dict:
     "`train`'s arguments checked, as plain values; raise naming the first bad one."
     check_module(model)
     if isinstance(model, DistributedDataParallel):

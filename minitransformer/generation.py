@@ -226,7 +226,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     padding masked, so each row gets exactly the tokens it would get alone.
     `compile` runs the one-token steps through `torch.compile` (`_compiled_step`):
     over a static cache whose length is a symbol, so calls of any length reuse the
-    compiled code (a new batch size compiles once more)."""
+    compiled code (a batch of one row has a graph of its own)."""
     rows, src_rows, max_new_tokens, backend = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
         generator, use_cache, compile)

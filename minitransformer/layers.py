@@ -136,12 +136,11 @@ class _Sublayers(nn.Module):
         self.cfg = cfg
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
-        "x + sublayer, normalised before (pre-norm) or after (post-norm)."
-        return self._add(x, sublayer(norm(x) if self.cfg.norm_first else x), norm)
-
-    def _add(self, x: torch.Tensor, h: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        "The residual sum x + h (h dropped out while training); post-norm: normalised."
+    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer: nn.Module,
+                  *args, **kwargs) -> torch.Tensor:
+        """x + sublayer(x, *args, **kwargs), normalised before (pre-norm) or after
+        (post-norm); the sublayer's output dropped out while training."""
+        h = sublayer(norm(x) if self.cfg.norm_first else x, *args, **kwargs)
         if self.training and self.cfg.dropout:  # (at p = 0 or in eval: nothing to do)
             h = self.drop(h)
         return x + h if self.cfg.norm_first else norm(x + h)
@@ -178,10 +177,9 @@ class EncoderLayer(_Sublayers):
                 positions=None) -> torch.Tensor:
         if self._odd_x(x):  # shapes and dtypes (appendix D); attention checks the mask
             self._check_x(x)  # raises
-        x = self._residual(x, self.attn_norm,
-                           lambda h: self.self_attn(h, mask=mask, positions=positions))
-        return self._add(x, self.ff(self.ff_norm(x) if self.cfg.norm_first else x),
-                         self.ff_norm)
+        x = self._residual(x, self.attn_norm, self.self_attn, mask=mask,
+                           positions=positions)
+        return self._residual(x, self.ff_norm, self.ff)
 
 # %% ../nbs/09_layers.ipynb #7be4af8b
 def _check_cross_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> None:
@@ -250,16 +248,13 @@ class DecoderLayer(_Sublayers):
                 and x.dtype == self.ff_norm.weight.dtype
                 and self.cross_attn is None and memory is None and cross_cache is None):
             _check_decoder_layer_args(self, x, memory, memory_mask, cross_cache)  # (D)
-        h = self.attn_norm(x) if self.cfg.norm_first else x  # pre-norm: normalised
-        h = self.self_attn(h, mask=mask, positions=positions, cache=self_cache,
-                           is_causal=is_causal)
-        x = self._add(x, h, self.attn_norm)  # (post-norm: normalised after the sum)
+        x = self._residual(x, self.attn_norm, self.self_attn, mask=mask,
+                           positions=positions, cache=self_cache, is_causal=is_causal)
         if self.cross_attn is not None:
             context = memory if memory is not None else cross_cache
-            x = self._residual(x, self.cross_norm,
-                               lambda h: self.cross_attn(h, context, mask=memory_mask))
-        return self._add(x, self.ff(self.ff_norm(x) if self.cfg.norm_first else x),
-                         self.ff_norm)
+            x = self._residual(x, self.cross_norm, self.cross_attn, context,
+                               mask=memory_mask)
+        return self._residual(x, self.ff_norm, self.ff)
 
 # %% ../nbs/09_layers.ipynb #e48b06cc
 def _positions_fit(positions: torch.Tensor, B: int, T: int) -> bool:

@@ -131,12 +131,6 @@ def decoder_mask(B: int, T: int, past: int, attention_mask=None,
     then also be `(B, keys)`)."""
     B, T, past, keys = check_decoder_masks(B, T, past, attention_mask,
                                            full_attention_mask, keys)
-    return _decoder_mask(B, T, past, attention_mask, full_attention_mask, device, keys)
-
-
-def _decoder_mask(B: int, T: int, past: int, attention_mask=None,
-                  full_attention_mask=None, device=None, keys: int | None = None):
-    "`decoder_mask` without its checks, for sizes and masks known to be valid."
     S = past + T
     keys = S if keys is None else keys
     if full_attention_mask is not None:

@@ -17,7 +17,7 @@ from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache, check_encoder_output
 from .layers import Decoder, Encoder, LayerConfig
 from .masks import (
-    check_decoder_masks, decoder_mask, padding_mask_from_real)
+    decoder_mask, padding_mask_from_real)
 from .multihead import default_positions
 from .positions import (
     LearnedPositions, RotaryEmbedding, SinusoidalPositions, check_positions)
@@ -140,7 +140,7 @@ def _check_length(T: int, max_len: int, past: int = 0,
 
 
 def _check_model_positions(positions, B: int, T: int) -> None:
-    "Raise unless `positions` is None or an integer tensor `(T,)` / `(B, T)`."
+    "Raise unless `positions` is None or a tensor `(T,)` / `(B, T)`."
     if positions is None:
         return
     check_tensor(positions, "positions")
@@ -148,10 +148,7 @@ def _check_model_positions(positions, B: int, T: int) -> None:
     if not ((n == 1 and positions.shape[0] == T) or (
             n == 2 and positions.shape[0] == B and positions.shape[1] == T)):
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
-                         f"got shape {shape_str(positions)}")
-    if not is_integer_tensor(positions):
-        raise TypeError(f"positions must be an integer tensor, got dtype "
-                        f"{positions.dtype}")
+                         f"got shape {shape_str(positions)}")  # (dtype: where used)
 
 
 def _check_ranges(ids, vocab_size: int, name: str, positions=None, max_len=0) -> None:
@@ -187,10 +184,10 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     _check_length(T, c.max_len, past)
     _check_model_positions(positions, B, T)
     _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read
-    keys = None if cache is None or not cache.static else cache.max_len
-    check_decoder_masks(B, T, past, attention_mask, full_attention_mask, keys)
-    if full_attention_mask is not None:  # its heads, too: (B, H, T, its keys)
-        check_mask(full_attention_mask, (B, c.n_heads, T, full_attention_mask.size(-1)))
+    if full_attention_mask is not None:  # its heads (its sizes: decoder_mask)
+        check_bool_mask(full_attention_mask, "full_attention_mask")
+        keys = full_attention_mask.size(-1)
+        check_mask(full_attention_mask, (B, c.n_heads, T, keys))
     check_flag(last_only, "last_only")
     return B
 

@@ -12,7 +12,7 @@ import torch
 # %% auto #0
 __all__ = ['shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number', 'check_probability',
            'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask', 'is_integer_tensor', 'check_float_dtype',
-           'autocast_on', 'check_dtype', 'check_width', 'check_module', 'tracing', 'check_backend']
+           'autocast_on', 'check_dtype', 'weight_dtype', 'check_width', 'check_module', 'tracing', 'check_backend']
 
 # %% ../nbs/93_checks.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
@@ -180,6 +180,12 @@ def check_dtype(t: torch.Tensor, name: str, dtype: torch.dtype, owner: str, *,
         raise TypeError(f"{name} has dtype {t.dtype}, but {owner} are {dtype}: "
                         "convert one with .to()")
     return t
+
+
+def weight_dtype(layer: torch.nn.Module) -> torch.dtype:
+    """The float dtype a linear layer computes in: its weight's; a layer that keeps its
+    weight in another form (chapter 18's `QuantisedLinear`) gives it as `layer.dtype`."""
+    return layer.dtype if hasattr(layer, "dtype") else layer.weight.dtype
 
 # %% ../nbs/93_checks.ipynb #6e2b8f31
 def check_width(x, name: str, width: int, owner: str | None = None, *,

@@ -9,12 +9,13 @@ from typing import Callable
 
 import torch
 
-from .checkpoints import check_layer_count, name_in_errors
+from .checkpoints import (
+    check_layer_count, expected_layout, name_in_errors)
 from .checks import (
     check_flag, check_float_dtype, check_number, check_positive_int)
 from .model import GPT, GPTConfig
 from .pretrained import (
-    Pretrained, PretrainedTokenizer, Rule, load_folder, model_from_rules)
+    Pretrained, PretrainedTokenizer, Rule, check_rules, load_folder, model_from_rules)
 
 # %% auto #0
 __all__ = ['read_gguf', 'gguf_llama_rules', 'gguf_config', 'tokenizer_from_gguf', 'load_gguf', 'load_pretrained']
@@ -223,12 +224,17 @@ def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
 
 # %% ../nbs/16_gguf.ipynb #cc7293cc
 def load_gguf(path, dtype: torch.dtype = torch.float32,
-              max_len: int | None = None) -> Pretrained:
+              max_len: int | None = None,
+              dequantise: bool = True,  # False: keep Q4_0/Q4_1/Q8_0 blocks (ch. 18)
+              ) -> Pretrained:
     """A llama.cpp GGUF file of the Llama architecture with a byte-level BPE vocabulary
-    (SmolLM2's kind; any quantisation `gguf` reads) as our `GPT`, dequantised, with its
-    tokenizer and chat template. Everything is checked from the file's header (its
-    metadata and tensor list) before the model is built."""
+    (SmolLM2's kind; any quantisation `gguf` reads) as our `GPT`, with its tokenizer
+    and chat template: dequantised to `dtype`, or (`dequantise=False`) with every
+    matrix stored in a block kind kept in its blocks (`quantised.gguf_blocks_model`).
+    Everything is checked from the file's header (its metadata and tensor list)
+    before the model is built."""
     check_float_dtype(dtype)
+    check_flag(dequantise, "dequantise")
     meta, tensors = read_gguf(path)
     with name_in_errors(path):
         config = gguf_config(meta, tensors, max_len)
@@ -237,6 +243,13 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
     rules = gguf_llama_rules(config.n_layers, config.n_heads, config.n_kv_heads,
                              config.tie_weights)
     shapes = {name: _gguf_shape(t) for name, t in tensors.items()}
+    if not dequantise:
+        from .quantised import gguf_blocks_model  # (chapter 18)
+        layout, _ = expected_layout(GPT, config)  # every name and shape, checked first
+        unused = check_rules({k: s for k, (_, s) in layout.items()}, rules, shapes,
+                             str(path))
+        model = gguf_blocks_model(config, rules, tensors, _dequantise, dtype)
+        return Pretrained(model.eval(), tokenizer, unused, str(path))
     model, unused = model_from_rules(GPT, config, rules,
                                      lambda k: _dequantise(tensors[k]), shapes,
                                      dtype, str(path))
@@ -271,12 +284,18 @@ def _hub_download():
 # %% ../nbs/16_gguf.ipynb #744ef461
 def load_pretrained(name, dtype: torch.dtype = torch.float32,
                     max_len: int | None = None,
-                    revision: str | None = None) -> Pretrained:
+                    revision: str | None = None,
+                    dequantise: bool = True,  # a .gguf file: False keeps its blocks
+                    ) -> Pretrained:
     """A `.gguf` file, a Hugging Face-format folder, or (online) a Hub repo id such as
     "sentence-transformers/all-MiniLM-L6-v2", as one of our models."""
     path = _check_source(name, revision)
+    check_flag(dequantise, "dequantise")
+    if not dequantise and path.suffix != ".gguf":
+        raise ValueError(f"dequantise=False keeps a GGUF file's blocks; {name!r} is "
+                         f"not a .gguf file (quantise(model, kind) rounds a float one)")
     if path.suffix == ".gguf":
-        return load_gguf(path, dtype, max_len)
+        return load_gguf(path, dtype, max_len, dequantise)
     if path.is_dir():
         return load_folder(path, dtype, max_len)
     snapshot_download = _hub_download()  # a repo id: its files into the local cache

@@ -31,6 +31,7 @@ from minitransformer.gguf import load_gguf
 from minitransformer.quantised import quantise, weight_bytes
 
 KINDS = ("float32", "int8", "q8_0", "file blocks")
+PPL_TOKENS = 1024
 
 
 def load(kind: str, max_len: int):
@@ -48,7 +49,7 @@ def resident_child(kind: str) -> None:
     print(json.dumps({"rss_mb": rss / 1024}))
 
 
-def perplexity(model, tokenizer, n: int = 1024) -> float:
+def perplexity(model, tokenizer, n: int = PPL_TOKENS) -> float:
     text = shakespeare_plays()["macbeth"]
     ids = torch.tensor([tokenizer.encode(text[20_000:], special_tokens=False)[:n + 1]])
     with torch.no_grad():
@@ -74,7 +75,7 @@ def main() -> None:
             raise SystemExit(f"the resident-memory process failed:\n{r.stderr}")
         resident[kind] = json.loads(r.stdout.strip().splitlines()[-1])["rss_mb"]
 
-    models = {kind: load(kind, PROMPT + N) for kind in KINDS}
+    models = {kind: load(kind, PPL_TOKENS + 1) for kind in KINDS}  # (generate: prompt + N)
     tok = models["float32"].tokenizer
     rows = prompts(tok, 1)
     first = {}
@@ -113,15 +114,15 @@ def main() -> None:
           f"graphs compiled by another length: {recompiled}")
     print(f"\n{'side':<24}{'tok/s':>7}{'step ms':>9}{'MB/token':>10}{'GB/s':>7}{'perplexity':>11}"
           f"{'resident MB':>12}{'first call s':>13}")
+    ppl = {kind: perplexity(lm.model, tok) for kind, lm in models.items()}
     for name, _ in sides:
         kind = name.split(",")[0]
         model = models[kind].model
         total, p = statistics.median(t[name]), statistics.median(pre[name])
         step = (total - p) / (N - 1)
         b = weight_bytes(model) + cache
-        ppl = perplexity(model, tok)
         first_s = f"{first[kind]:.1f}" if "compiled" in name else "-"
-        print(f"{name:<24}{N / total:>7.1f}{1e3 * step:>9.2f}{b / 1e6:>10.1f}{b / step / 1e9:>7.1f}{ppl:>11.2f}"
+        print(f"{name:<24}{N / total:>7.1f}{1e3 * step:>9.2f}{b / 1e6:>10.1f}{b / step / 1e9:>7.1f}{ppl[kind]:>11.2f}"
               f"{resident[kind]:>12.0f}{first_s:>13}")
     if llama is not None:
         print(f"{'llama.cpp (same file)':<24}{llama[0]:>7.1f}{'':>9}{file_bytes / 1e6:>10.1f}"

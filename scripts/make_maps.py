@@ -29,6 +29,7 @@ BOXES = [
     (15, "real weights", 490, 124, 108),
     (16, "GGUF file", 602, 124, 108),
     (17, "LoRA", 490, 160, 108),
+    (18, "4-bit blocks", 602, 160, 108),
 ]
 ARROWS = [((74, 80), (74, 88)), ((144, 102), (154, 102)), ((480, 30), (490, 30))]
 WIDTH, HEIGHT = 714, 196
@@ -58,9 +59,9 @@ def svg(chapter: int) -> str:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for chapter in range(1, 18):
+    for chapter in range(1, 19):
         (OUT / f"map-{chapter:02d}.svg").write_text(svg(chapter), encoding="utf-8")
-    print(f"wrote 17 maps to {OUT}")
+    print(f"wrote 18 maps to {OUT}")
 
 
 if __name__ == "__main__":

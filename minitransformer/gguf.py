@@ -256,9 +256,13 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
     return Pretrained(model.eval(), tokenizer, unused, str(path))
 
 # %% ../nbs/16_gguf.ipynb #0342d9be
-def _check_source(name, revision) -> Path:
+def _check_source(name, revision, dequantise: bool = True) -> Path:
     """`name` as a path: a .gguf file, a folder, or else a Hub repo id owner/name;
-    `revision` only for a repo id."""
+    `revision` only for a repo id, `dequantise=False` only for a .gguf file."""
+    check_flag(dequantise, "dequantise")
+    if not dequantise and Path(name).suffix != ".gguf":
+        raise ValueError(f"dequantise=False keeps a GGUF file's blocks; {name!r} is "
+                         f"not a .gguf file (quantise(model, kind) rounds a float one)")
     if not isinstance(name, (str, Path)):
         raise TypeError(f"name must be a path or a repo id, got {type(name).__name__}")
     path = Path(name)
@@ -289,11 +293,7 @@ def load_pretrained(name, dtype: torch.dtype = torch.float32,
                     ) -> Pretrained:
     """A `.gguf` file, a Hugging Face-format folder, or (online) a Hub repo id such as
     "sentence-transformers/all-MiniLM-L6-v2", as one of our models."""
-    path = _check_source(name, revision)
-    check_flag(dequantise, "dequantise")
-    if not dequantise and path.suffix != ".gguf":
-        raise ValueError(f"dequantise=False keeps a GGUF file's blocks; {name!r} is "
-                         f"not a .gguf file (quantise(model, kind) rounds a float one)")
+    path = _check_source(name, revision, dequantise)
     if path.suffix == ".gguf":
         return load_gguf(path, dtype, max_len, dequantise)
     if path.is_dir():

@@ -70,8 +70,9 @@ def _check_blocks(kind, words, scales, mins, bias) -> None:
     for name, t in (("scales", scales), ("mins", mins)):
         if t is None and (name == "scales" or has_min):
             raise ValueError(f"kind {kind!r} needs {name}")
-        if t is not None and (not isinstance(t, torch.Tensor)
-                              or not t.is_floating_point() or tuple(t.shape) != (nb, O)):
+        wrong = t is not None and (not isinstance(t, torch.Tensor)
+                                   or not t.is_floating_point() or t.shape != (nb, O))
+        if wrong:
             raise ValueError(f"{name} must be a float tensor of shape {(nb, O)}, got "
                              f"{t!r:.80}")
     if mins is not None and not has_min:

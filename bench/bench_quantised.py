@@ -44,9 +44,9 @@ def load(kind: str, max_len: int):
 
 def resident_child(kind: str) -> None:
     "In a fresh process: load `kind`, print the resident set size in MB (before any compile)."
-    load(kind, PROMPT + 8)
+    lm = load(kind, PROMPT + 8)  # (kept: the resident set includes its weights)
     rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))
-    print(json.dumps({"rss_mb": rss / 1024}))
+    print(json.dumps({"rss_mb": rss / 1024, "weights_mb": weight_bytes(lm.model) / 1e6}))
 
 
 def perplexity(model, tokenizer, n: int = PPL_TOKENS) -> float:

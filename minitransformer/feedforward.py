@@ -68,7 +68,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (not isinstance(x, torch.Tensor) or x.dim() == 0
-                or x.shape[-1] != self.d_model or x.dtype != weight_dtype(self.w1)):
+                or x.shape[-1] != self.d_model  # (a layer without .weight: its .dtype)
+                or x.dtype != getattr(self.w1, "weight", self.w1).dtype):
             _check_input(x, self.d_model, weight_dtype(self.w1))  # (..., C), its dtype
         h = _activation(self.activation, self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:

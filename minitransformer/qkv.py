@@ -59,7 +59,8 @@ class QKVProjection(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`; empty if T or S is 0."
         if (not isinstance(x, torch.Tensor) or x.dim() < 2 or context is not None
-                or x.shape[-1] != self.d_model or x.dtype != weight_dtype(self.q_proj)):
+                or x.shape[-1] != self.d_model  # (a layer without .weight: its .dtype)
+                or x.dtype != getattr(self.q_proj, "weight", self.q_proj).dtype):
             _check_qkv_inputs(self, x, context)  # (inline first: the common case)
         if context is None:  # self-attention
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -67,13 +68,14 @@ class QKVProjection(nn.Module):
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         "Q alone, `(..., T, d_q)`."
-        _check_projection_input(x, "x", self.d_model, weight_dtype(self.q_proj))
+        _check_projection_input(x, "x", self.d_model,
+                                getattr(self.q_proj, "weight", self.q_proj).dtype)
         return self.q_proj(x)
 
     def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "K `(..., S, d_k)` and V `(..., S, d_v)` alone, from `context`."
         _check_projection_input(context, "context", self.d_model,
-                                weight_dtype(self.k_proj))
+                                getattr(self.k_proj, "weight", self.k_proj).dtype)
         return self.k_proj(context), self.v_proj(context)
 
 # %% ../nbs/03_qkv.ipynb #62d4ea96

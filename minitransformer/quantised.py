@@ -47,9 +47,10 @@ def _in_order(x: torch.Tensor, bits: int) -> torch.Tensor:
     return halves.permute(*range(halves.dim() - 3), -1, -3, -2).flatten(-3, -2)
 
 
-def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes `(O, nb, bytes)` as llama.cpp stores them (uint8 pairs of nibbles, or
-    int8) → `QuantisedLinear`'s int32 words `(nb, W, O)`: the same bits, regrouped."""
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """Codes `(O, nb, bytes)` as llama.cpp stores them (uint8 pairs of 4-bit codes, or
+    int8) → `QuantisedLinear`'s int32 words `(nb, W, O)`: the same bits, regrouped
+    (byte u of a word is its bits 8u onwards: a little-endian machine's order)."""
     words = codes.contiguous().view(torch.int32)  # (O, nb, W): 4 bytes a word
     return words.permute(1, 2, 0).contiguous()
 
@@ -129,32 +130,35 @@ class QuantisedLinear(nn.Module):
         rows `rows` if given."""
         words, d, m = self.words, self.scales.to(dtype), self._offsets()
         if rows is not None:  # the chosen output rows first: (nb, W, n)
-            words, d = words[..., rows], d[:, rows]
-            m = None if m is None else m[:, rows]
+            words, d = words.index_select(-1, rows), d.index_select(-1, rows)
+            m = None if m is None else m.index_select(-1, rows)
         q = _unpack(words, self.bits, dtype)
         if m is None:
             return q * d[:, None, None]
         return torch.addcmul(m.to(dtype)[:, None, None], q, d[:, None, None])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features or not x.dtype.is_floating_point:
+        if not (isinstance(x, torch.Tensor) and x.dim() and x.dtype.is_floating_point
+                and x.shape[-1] == self.in_features):
             _check_quantised_input(self, x)
         rows = x.numel() // self.in_features
-        xb = x.reshape(rows, -1, self.block)  # (N, nb, block)
-        X = _in_order(xb, self.bits)  # (N, nb, codes a word, W)
+        xb = x.reshape(rows, self.in_features // self.block, self.block)  # (N, nb, 32)
         if rows > FEW_ROWS:  # a long prompt: the weight once as floats, one matmul
-            y = X.flatten(1) @ self._floats(x.dtype).flatten(0, 2)  # (N, O)
+            X = _in_order(xb, self.bits).flatten(1)  # (N, C): the codes' order
+            y = X @ self._floats(x.dtype).flatten(0, 2)  # (N, O)
         else:  # a few rows: product and sum, the codes converted where they are used
-            q = _unpack(self.words, self.bits, x.dtype)  # (nb, codes a word, W, O)
+            f = x.dtype if x.dtype.itemsize >= 4 else torch.float32  # half: sum in f32
+            X = _in_order(xb.to(f), self.bits)  # (N, nb, codes a word, W)
+            q = _unpack(self.words, self.bits, f)  # (nb, codes a word, W, O)
             dots = sum(X[..., k, :, None] * q[:, k]  # Σ x·q per block: the codes of
                        for k in range(q.shape[1])).sum(2)  # a word added, then words
-            y = dots * self.scales.to(x.dtype)
+            y = dots * self.scales.to(f)
             m = self._offsets()
             if m is not None:  # Σ_j (d q_j + m) x_j = d Σ_j q_j x_j + m Σ_j x_j
-                y = y + m.to(x.dtype) * xb.sum(-1)[..., None]
-            y = y.sum(1)  # (N, O)
+                y = y + m.to(f) * xb.to(f).sum(-1)[..., None]
+            y = y.sum(1).to(x.dtype)  # (N, O)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def dequantise(self, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -177,7 +181,13 @@ class QuantisedLinear(nn.Module):
         return (f"{self.in_features}, {self.out_features}, kind={self.kind!r}, "
                 f"bias={self.bias is not None}")
 
-# %% ../nbs/18_quantised.ipynb #ac574edf
+# %% ../nbs/18_quantised.ipynb #b6b42b4f
+def _check_gguf_kind(t) -> None:
+    if int(t.tensor_type) not in GGUF_KINDS:
+        raise ValueError(f"{t.name} is stored as {t.tensor_type.name}; the blocks kept "
+                         f"are {sorted(k.upper() for k in GGUF_KINDS.values())}")
+
+# %% ../nbs/18_quantised.ipynb #7a726693
 _BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # d (f16) [, m (f16)], codes
 
 
@@ -190,8 +200,10 @@ def layer_from_gguf(t,  # a tensor record of `read_gguf`, of a kind in GGUF_KIND
                     rows=None,  # a reordering of its rows, or None
                     dtype: torch.dtype = torch.float32) -> QuantisedLinear:
     """A GGUF matrix kept in its blocks: the codes regrouped from the file's bytes,
-    d and m from float16 to `dtype` (exact for float32 and float16). `rows` reorders
-    the matrix's output rows — whole rows of blocks, so exactly."""
+    d and m converted from float16 to `dtype` (no rounding for float32 or float16).
+    `rows` reorders the matrix's output rows; it gets the raw bytes `(O, bytes a
+    row)`, so it must move whole rows (as chapter 16's `_unpermute` does)."""
+    _check_gguf_kind(t)
     import numpy as np  # (the models extra: gguf's records are numpy arrays)
     kind = GGUF_KINDS[int(t.tensor_type)]
     raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # (O, bytes a row)
@@ -201,9 +213,9 @@ def layer_from_gguf(t,  # a tensor record of `read_gguf`, of a kind in GGUF_KIND
     scales = _half(b, 0).T.to(dtype).contiguous()  # (nb, O)
     mins = _half(b, 2).T.to(dtype).contiguous() if kind == "q4_1" else None
     codes = b[..., 4 if kind == "q4_1" else 2:]  # (O, nb, 16 or 32)
-    return QuantisedLinear(kind, pack(codes, KINDS[kind][0]), scales, mins)
+    return QuantisedLinear(kind, pack(codes), scales, mins)
 
-# %% ../nbs/18_quantised.ipynb #ee295a1f
+# %% ../nbs/18_quantised.ipynb #4b21f58c
 def _check_weight(weight, kind: str) -> None:
     check_choice(kind, "kind", tuple(KINDS))
     if not (isinstance(weight, torch.Tensor) and weight.dim() == 2
@@ -215,7 +227,7 @@ def _check_weight(weight, kind: str) -> None:
                          f"{4 if kind == 'int8' else BLOCK} weights; this weight's "
                          f"rows have {C}")
 
-# %% ../nbs/18_quantised.ipynb #5e922607
+# %% ../nbs/18_quantised.ipynb #b227579b
 def _round_half_away(v: torch.Tensor) -> torch.Tensor:
     "C's roundf, as llama.cpp rounds: halves away from zero (as `gguf` computes it)."
     a = v.abs()
@@ -247,26 +259,42 @@ def _quantise_weight(weight: torch.Tensor, kind: str) -> tuple:
     else:
         codes = q.to(torch.int8)
     as_scales = lambda t: None if t is None else t.T.to(weight.dtype).contiguous()
-    return pack(codes, KINDS[kind][0]), as_scales(d), as_scales(mins)
+    return pack(codes), as_scales(d), as_scales(mins)
 
-# %% ../nbs/18_quantised.ipynb #323feb0b
+# %% ../nbs/18_quantised.ipynb #93d6406b
 def _check_embedding_table(table) -> None:
     if not isinstance(table, QuantisedLinear):
         raise TypeError(f"table must be a QuantisedLinear, got {type(table).__name__}")
 
 
-def _check_quantise(model, kind, targets: list) -> None:
+def _check_quantise_args(model, kind, skip) -> tuple:
     check_module(model)
     check_choice(kind, "kind", tuple(KINDS))
+    if isinstance(skip, str) or not all(isinstance(s, str) for s in skip):
+        raise TypeError(f"skip must be a collection of layer names, got {skip!r}")
+    if isinstance(model, (nn.Linear, LoRALinear)):
+        raise ValueError("quantise replaces the linear layers inside a model; for one "
+                         "layer, use QuantisedLinear.from_float(layer.weight, kind)")
+    return tuple(skip)
+
+
+def _check_quantise(model, kind, targets: list, skip: tuple) -> None:
     unmerged = [n for n, m in model.named_modules()
                 if isinstance(m, LoRALinear) and not m.merged]
     if unmerged:
         raise ValueError(f"{len(unmerged)} LoRA layers are not merged (e.g. "
                          f"{unmerged[0]}): merge_lora(model) first, then quantise")
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    unknown = sorted(set(skip) - names)
+    if unknown:
+        raise ValueError(f"skip names {unknown}, which no layer of the model has")
     for name, m in targets:
-        _check_weight(m.weight, kind)
+        try:
+            _check_weight(m.weight, kind)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
 
-# %% ../nbs/18_quantised.ipynb #16349198
+# %% ../nbs/18_quantised.ipynb #f6ebc780
 class QuantisedEmbedding(nn.Module):
     """Token ids `(..., T)` → vectors `(..., T, C)`: rows of a `QuantisedLinear`'s
     weight, dequantised as they are looked up (the table a tied head also uses)."""
@@ -283,30 +311,37 @@ class QuantisedEmbedding(nn.Module):
             check_token_ids(ids, self.vocab_size, name)  # raises: not integer ids
         try:
             x = self.table.dequantise(ids.flatten())  # (n, C)
-        except IndexError:  # an id outside the table: say which (values read now)
-            check_token_ids(ids, self.vocab_size, name)
+        except (IndexError, RuntimeError):  # an id outside the table, or ids of a
+            check_token_ids(ids, self.vocab_size, name)  # dtype index_select refuses
             raise
         x = x.reshape(*ids.shape, self.d_model)  # (..., T, C)
         return x * math.sqrt(self.d_model) if self.scale else x
+
+    def extra_repr(self) -> str:
+        return (f"{self.vocab_size}, {self.d_model}, padding_idx={self.padding_idx}, "
+                f"scale={self.scale}")
 
 
 def quantise(model: nn.Module, kind: str = "int8",
              skip=(),  # last names of linear layers to keep in float, e.g. ("head",)
              ) -> nn.Module:
-    """Replace every `nn.Linear` of `model` (merged LoRA layers included) by a
-    `QuantisedLinear` of `kind`, in place, and return `model`. A head tied to a token
-    embedding becomes one quantised table that both read."""
+    """Replace every `nn.Linear` of `model` (merged LoRA layers included; not its
+    subclasses, which may read `.weight`) by a `QuantisedLinear` of `kind`, in place,
+    and return `model`. A head tied to a token embedding becomes one quantised table
+    that both read. For inference: the layers hold buffers, not parameters."""
+    skip = _check_quantise_args(model, kind, skip)
     loras = {n for n, m in model.named_modules() if isinstance(m, LoRALinear)}
-    targets = [(n, m) for n, m in model.named_modules()
-               if isinstance(m, (nn.Linear, LoRALinear))
-               and n.rpartition(".")[0] not in loras  # (a LoRA layer's own base)
-               and n.rsplit(".", 1)[-1] not in skip]
-    _check_quantise(model, kind, targets)  # all of them, before any is replaced
+    targets = [(n, m) for n, m in model.named_modules()  # nn.Linear itself: a
+               if (type(m) is nn.Linear or isinstance(m, LoRALinear))  # subclass may
+               and n.rpartition(".")[0] not in loras  # read .weight (a LoRA layer's
+               and n.rsplit(".", 1)[-1] not in skip]  # own base: with the layer)
+    _check_quantise(model, kind, targets, skip)  # all of them, before any is replaced
     embeddings = {id(m.weight): n for n, m in model.named_modules()
                   if isinstance(m, TokenEmbedding)}  # a weight -> its embedding
     with torch.no_grad():
         for name, m in targets:
-            layer = QuantisedLinear.from_float(m.weight, kind, m.bias)
+            bias = None if m.bias is None else m.bias.detach().clone()  # a buffer now
+            layer = QuantisedLinear.from_float(m.weight, kind, bias)
             _replace(model, name, layer)
             if id(m.weight) in embeddings:  # tied: the embedding reads the same table
                 emb = model.get_submodule(embeddings[id(m.weight)])
@@ -329,7 +364,14 @@ def weight_bytes(model: nn.Module) -> int:
         storages[(s.data_ptr(), t.device)] = s.nbytes()
     return sum(storages.values())
 
-# %% ../nbs/18_quantised.ipynb #a7ac54cb
+# %% ../nbs/18_quantised.ipynb #ea268220
+def _check_has_blocks(rules: dict, tensors: dict) -> None:
+    kinds = {tensors[src].tensor_type for src, _ in rules.values()}
+    if not any(int(k) in GGUF_KINDS for k in kinds):
+        raise ValueError(f"dequantise=False keeps Q4_0, Q4_1 and Q8_0 blocks; this "
+                         f"file's tensors are {sorted(k.name for k in kinds)}")
+
+# %% ../nbs/18_quantised.ipynb #cccedc0d
 def gguf_blocks_model(config,  # the GPTConfig read from the file
                       rules: dict,  # chapter 16's rules, checked against the file
                       tensors: dict,  # the file's tensor records (read_gguf)
@@ -339,6 +381,7 @@ def gguf_blocks_model(config,  # the GPTConfig read from the file
     `GGUF_KINDS` becomes a `QuantisedLinear` of its blocks (a tied embedding and
     head: one table both read), everything else is read by `dequantise`, as floats
     of `dtype`. No float copy of a matrix kept in blocks is made."""
+    _check_has_blocks(rules, tensors)
     with torch.device("meta"):  # shapes only: nothing allocated
         model = GPT(config)
     layers, state = {}, {}

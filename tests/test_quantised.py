@@ -209,3 +209,74 @@ def test_load_pretrained_refuses_dequantise_false_for_a_folder(tmp_path):
         load_pretrained(tmp_path, dequantise=False)
     with pytest.raises(ValueError, match="dequantise must be True or False, got 'no'"):
         load_pretrained(_smollm(), dequantise="no")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_half_precision_layers_sum_in_float32(dtype, kind):
+    "Inputs in the thousands (a real activation outlier) times 8-bit codes overflow float16 sums."
+    g = torch.Generator().manual_seed(6)
+    layer = QuantisedLinear.from_float(torch.randn(16, 64, generator=g) * 0.05, kind).to(dtype)
+    assert layer.dtype == dtype
+    x = torch.randn(2, 64, generator=g)
+    x[0, 5] = 3000.0
+    want = x.to(dtype).float() @ layer.dequantise().float().T
+    got = layer(x.to(dtype))
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item()), \
+        (got.float() - want).abs().max()
+
+
+def test_edge_inputs_empty_rows_and_non_tensors():
+    layer = QuantisedLinear.from_float(torch.randn(8, 64), "q4_0", bias=torch.randn(8))
+    assert layer(torch.randn(2, 0, 64)).shape == (2, 0, 8)
+    with pytest.raises(TypeError, match="float tensor.*list"):
+        layer([[1.0] * 64])
+    with pytest.raises(ValueError, match="end in 64 features"):
+        layer(torch.tensor(1.0))
+
+
+def test_the_embedding_refuses_negative_and_outside_ids_by_value():
+    emb = QuantisedEmbedding(QuantisedLinear.from_float(torch.randn(10, 32), "q8_0"))
+    assert emb(torch.tensor([[0, 9]])).shape == (1, 2, 32)
+    for bad in (-1, 10):
+        with pytest.raises(ValueError, match=str(bad)):
+            emb(torch.tensor([[1, bad]]))
+
+
+def test_quantise_biases_skip_and_a_merged_lora_layer():
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
+    bias, x = model[0].bias.detach().clone(), torch.randn(3, 64)
+    quantise(model, "q8_0", skip=("2",))
+    assert isinstance(model[0], QuantisedLinear) and type(model[2]) is torch.nn.Linear
+    assert not model[0].bias.requires_grad and torch.equal(model[0].bias, bias)
+    assert not model[0](x).requires_grad
+    assert torch.allclose(model[0](x), x @ model[0].dequantise().T + bias, atol=1e-5)
+    with pytest.raises(ValueError, match=r"skip names \['heads'\]"):
+        quantise(_gpt(), "int8", skip=("heads",))
+    with pytest.raises(TypeError, match="collection of layer names"):
+        quantise(_gpt(), "int8", skip="head")
+    with pytest.raises(ValueError, match="for one layer"):
+        quantise(torch.nn.Linear(64, 8), "int8")
+    lora = _gpt()
+    add_lora(lora, targets=("q_proj",), r=2)
+    with torch.no_grad():
+        for m in lora.modules():
+            if hasattr(m, "B") and isinstance(m.B, torch.nn.Parameter):
+                m.B.normal_()
+    merge_lora(lora)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        merged = lora(ids)
+        quantise(lora, "q8_0")
+        assert (lora(ids) - merged).abs().max() < 0.05  # the merged weights, rounded
+
+
+def test_a_file_without_block_kinds_is_refused_before_building():
+    from types import SimpleNamespace
+    from minitransformer.quantised import _check_has_blocks
+    f32 = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32)
+    q4k = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.Q4_K)
+    with pytest.raises(ValueError, match="Q4_K"):
+        _check_has_blocks({"a": ("x", None), "b": ("y", None)}, {"x": f32, "y": q4k})

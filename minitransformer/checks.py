@@ -185,7 +185,7 @@ def check_dtype(t: torch.Tensor, name: str, dtype: torch.dtype, owner: str, *,
 def weight_dtype(layer: torch.nn.Module) -> torch.dtype:
     """The float dtype a linear layer computes in: its weight's; a layer that keeps
     its weight in another form (chapter 18's `QuantisedLinear`) gives `layer.dtype`."""
-    return layer.dtype if hasattr(layer, "dtype") else layer.weight.dtype
+    return getattr(layer, "weight", layer).dtype
 
 # %% ../nbs/93_checks.ipynb #6e2b8f31
 def check_width(x, name: str, width: int, owner: str | None = None, *,

@@ -259,13 +259,13 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
 def _check_source(name, revision, dequantise: bool = True) -> Path:
     """`name` as a path: a .gguf file, a folder, or else a Hub repo id owner/name;
     `revision` only for a repo id, `dequantise=False` only for a .gguf file."""
-    check_flag(dequantise, "dequantise")
-    if not dequantise and Path(name).suffix != ".gguf":
-        raise ValueError(f"dequantise=False keeps a GGUF file's blocks; {name!r} is "
-                         f"not a .gguf file (quantise(model, kind) rounds a float one)")
     if not isinstance(name, (str, Path)):
         raise TypeError(f"name must be a path or a repo id, got {type(name).__name__}")
     path = Path(name)
+    check_flag(dequantise, "dequantise")
+    if not dequantise and path.suffix != ".gguf":
+        raise ValueError(f"dequantise=False keeps a GGUF file's blocks; {name!r} is "
+                         f"not a .gguf file (quantise(model, kind) rounds a float one)")
     local = path.suffix == ".gguf" or path.is_dir()
     if revision is not None and local:
         raise ValueError(f"revision={revision!r} applies to Hub repo ids, not to the "

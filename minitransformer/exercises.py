@@ -34,9 +34,12 @@ def _shape(t) -> str:
 
 
 def _call(fn, what: str, args: tuple, case: str):
-    "`fn(*args)`, with a reader's exception turned into one sentence."
+    """`fn(*args)` on copies of the tensors in `args` (a function that changes its
+    inputs in place leaves the checker's alone), with a reader's exception turned into
+    one sentence."""
     if not callable(fn):
         raise TypeError(f"the checker takes your function, got {type(fn).__name__}")
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     try:
         return fn(*args)
     except Exception as e:  # the reader's bug, named with the case that hit it
@@ -48,6 +51,23 @@ def _same(got, want, tol: float) -> bool:
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
             and torch.allclose(got.detach().to(want.dtype), want, atol=tol, rtol=tol,
                                equal_nan=True))
+
+
+def _difference(got, want) -> str:
+    """Where `got` differs most from `want` (for masks and ids, the first place), and by
+    how much, to 2 significant digits."""
+    a, b = got.detach().double(), want.double()
+    diff = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0,
+                       (a - b).abs().nan_to_num(nan=torch.inf))
+    if not want.is_floating_point():
+        diff = (diff > 0).double()  # argmax: the first place that differs
+    i = [int(j) for j in torch.unravel_index(diff.argmax(), diff.shape)]
+    at = f" at {i}" if i else ""
+    yours, package = got[tuple(i)].item(), want[tuple(i)].item()
+    if not want.is_floating_point():
+        return f"first difference{at}: yours {yours}, the package's {package}"
+    return (f"largest difference {diff.max().item():.2g}{at} (yours {yours:.2g}, "
+            f"the package's {package:.2g})")
 
 
 def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) -> None:
@@ -72,7 +92,8 @@ def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) ->
             and torch.isfinite(want).all()):
         raise ExerciseError(f"your {what} returned NaN or inf on {case}, "
                             "where the package's values are finite")
-    raise ExerciseError(f"your {what} returned different values on {case}")
+    raise ExerciseError(f"your {what} returned different values on {case}: "
+                        + _difference(got, want))
 
 
 def _passed(what: str, n: int) -> None:
@@ -104,7 +125,7 @@ def check_softmax(fn, empty_rows: bool = True) -> None:
         cases.append((torch.tensor([[-inf, -inf, -inf], [0.0, 1.0, 2.0]]),
                       "a row whose scores are all -inf"))
     for scores, case in cases:
-        got = _call(fn, "softmax", (scores.clone(),), case)
+        got = _call(fn, "softmax", (scores,), case)
         want = softmax(scores)
         bad = (isinstance(got, torch.Tensor) and got.is_floating_point()
                and got.shape == want.shape and not torch.isfinite(got).all())
@@ -115,11 +136,11 @@ def check_softmax(fn, empty_rows: bool = True) -> None:
             raise ExerciseError("a row whose scores are all -inf has nothing to attend "
                                 "to: its weights must be 0, not NaN")
         _compare(got, want, "softmax", case, [
+            *[(lambda w, d=d: bool(((w.sum(d) - 1).abs() < 1e-5).all()),
+               f"you normalised along axis {d}; softmax runs over the last axis, so "
+               "that each row sums to 1") for d in range(scores.dim() - 1)],
             (lambda w: _same(w / w.sum(-1, keepdim=True), want, 1e-5),
              "your weights are not normalised: divide by the row's sum"),
-            (scores.softmax(0) if scores.dim() > 1 else scores,
-             "you normalised along the first axis; each row (the last axis) must sum "
-             "to 1"),
         ])
     _passed("softmax", len(cases))
 
@@ -134,7 +155,7 @@ def check_embedding(fn) -> None:
         ids = torch.randint(0, V, (B, T), generator=g)
         table = torch.randn(V, C, generator=g)
         case = f"ids of shape {(B, T)} and a ({V}, {C}) table"
-        got = _call(fn, "lookup", (ids.clone(), table.clone()), case)
+        got = _call(fn, "lookup", (ids, table), case)
         _compare(got, table[ids], "lookup", case, [
             (table[(ids + 1) % V], "your rows are one token off: id i reads row i"),
         ])
@@ -153,7 +174,7 @@ def check_projections(fn) -> None:
         w = [torch.randn(C, D, generator=g) for _ in range(3)]
         for source, kind in [(x, "self-attention"), (src, "cross-attention")]:
             case = f"{kind}, x {(B, T, C)}, source {_shape(source)}, weights {(C, D)}"
-            got = _call(fn, "projection", (x.clone(), source.clone(), *w), case)
+            got = _call(fn, "projection", (x, source, *w), case)
             if not (isinstance(got, (tuple, list)) and len(got) == 3):
                 raise ExerciseError(f"your projection must return (q, k, v), on {case}")
             for name, out, inp, wi in zip("qkv", got, [x, source, source], w):
@@ -185,7 +206,7 @@ def check_attention(fn) -> None:
             mask[:, 0] = True  # every query sees a key
         case = (f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
                 + (f", a ({T}, {S}) mask" if masked else ", no mask"))
-        got = _call(fn, "attention", (q.clone(), k.clone(), v.clone(), mask), case)
+        got = _call(fn, "attention", (q, k, v, mask), case)
         want = scaled_dot_product_attention(q, k, v, mask)
 
         def plain(scale, m=mask, dim=-1):  # a known mistake, written out
@@ -202,6 +223,10 @@ def check_attention(fn) -> None:
                 (plain(root, ~mask), "your mask polarity is reversed: True means may "
                  "attend, so fill the scores where the mask is False"),
             ]
+            weights = (q @ k.transpose(-2, -1) * root).softmax(-1)
+            mistakes += [(weights.masked_fill(~mask, fill) @ v, "you masked after the "
+                          "softmax: fill the scores with -inf before it, so that the "
+                          "weights left sum to 1") for fill in (0.0, float("-inf"))]
         mistakes.append((plain(root, dim=-2), "your softmax runs over the queries; "
                          "each query's weights over the keys (the last axis) sum to 1"))
         _compare(got, want, "attention", case, mistakes)
@@ -217,7 +242,7 @@ def check_split_heads(fn) -> None:
     for B, T, H, D in sizes:
         x = torch.randn(B, T, H * D, generator=g)
         case = f"x of shape {(B, T, H * D)} and {H} heads"
-        got = _call(fn, "split", (x.clone(), H), case)
+        got = _call(fn, "split", (x, H), case)
         _compare(got, split_heads(x, H), "split", case, [
             (x.reshape(B, H, T, D), "you reshaped to (B, H, T, D) directly, which "
              "mixes tokens into heads: reshape to (B, T, H, D), then swap T and H"),
@@ -239,13 +264,16 @@ def check_feedforward(fn) -> None:
         w1, b1 = torch.randn(C, F, generator=g), torch.randn(F, generator=g)
         w2, b2 = torch.randn(F, C, generator=g), torch.randn(C, generator=g)
         case = f"x {(*lead, C)}, hidden width {F}"
-        got = _call(fn, "feed-forward", (x.clone(), w1, b1, w2, b2), case)
+        got = _call(fn, "feed-forward", (x, w1, b1, w2, b2), case)
         h = x @ w1 + b1
         _compare(got, gelu(h) @ w2 + b2, "feed-forward", case, [
             (gelu(h, approximate="tanh") @ w2 + b2, "you used GELU's tanh "
              "approximation; this exercise asks for the exact (erf) GELU"),
             (torch.relu(h) @ w2 + b2, "you used ReLU; this exercise asks for GELU"),
             (h @ w2 + b2, "there is no activation between the two layers"),
+            (gelu(x @ w1) @ w2 + b2, "you left out the first layer's bias b1"),
+            (gelu(h) @ w2, "you left out the second layer's bias b2"),
+            (gelu(x @ w1) @ w2, "you left out both biases, b1 and b2"),
         ], tol=1e-4)
     _passed("feed-forward", len(sizes))
 
@@ -261,7 +289,7 @@ def check_rope(fn) -> None:
         x = torch.randn(*lead, T, D, generator=g)
         pos = torch.arange(T) + (0 if n % 2 else 3)  # not always from 0
         case = f"x {(*lead, T, D)} at positions {pos.tolist()}"
-        got = _call(fn, "rotation", (x.clone(), pos.clone()), case)
+        got = _call(fn, "rotation", (x, pos), case)
         rot = RotaryEmbedding(D, max_len=64)
         cos, sin = rot.angles(pos)
         _compare(got, rot(x, pos), "rotation", case, [
@@ -274,6 +302,9 @@ def check_rope(fn) -> None:
              "behind: position m turns by m·θ_i"),
             (rot.rotate(x, (cos, -sin)), "you rotated the wrong way (sin with the "
              "wrong sign)"),
+            *[(RotaryEmbedding(D, 64, base=b)(x, pos), "your frequencies have the "
+               "wrong exponent: pair i = 0 .. D/2 - 1 turns by θ_i = 10000^(-2i/D)")
+              for b in (100.0, 1e8)],  # 10000^(-i/D), 10000^(-4i/D)
         ], tol=1e-4)
     _passed("rotary embedding", len(sizes))
 
@@ -296,6 +327,8 @@ def check_causal_mask(fn) -> None:
              "diagonal): query i may attend to keys up to and including its own"),
             (ones.triu(S - T), "you kept the future and dropped the past: use the "
              "lower triangle"),
+            (ones.tril(S - T + 1), "your queries see one position ahead: query i may "
+             "attend to keys up to and including its own position, not the next"),
         ])
     _passed("causal mask", len(sizes))
 
@@ -310,7 +343,7 @@ def check_layer_norm(fn) -> None:
         x = torch.randn(*lead, C, generator=g) * 2 + 1
         eps = 1e-5 if C > 4 else 0.5  # a large eps shows where it is added
         case = f"x of shape {(*lead, C)}, eps = {eps}"
-        got = _call(fn, "layer norm", (x.clone(), eps), case)
+        got = _call(fn, "layer norm", (x, eps), case)
         mu = x.mean(-1, keepdim=True)
         var = x.var(-1, keepdim=True, unbiased=False)
         mistakes = [
@@ -342,7 +375,7 @@ def check_cache_step(fn) -> None:
         kc, vc = (torch.randn(B, H, P, D, generator=g) for _ in range(2))
         q, k, v = (torch.randn(B, H, 1, D, generator=g) for _ in range(3))
         case = f"{P} cached positions, caches {(B, H, P, D)}"
-        got = _call(fn, "cache step", (kc.clone(), vc.clone(), q, k, v), case)
+        got = _call(fn, "cache step", (kc, vc, q, k, v), case)
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             raise ExerciseError("your cache step must return (out, k_cache, v_cache), "
                                 f"on {case}")
@@ -404,11 +437,12 @@ def check_top_p(fn) -> None:
                   0.7))  # scores that top-k has already cut
     for logits, p in cases:
         case = f"logits {_shape(logits)}, p = {p}"
-        got = _call(fn, "top-p filter", (logits.clone(), p), case)
+        got = _call(fn, "top-p filter", (logits, p), case)
         want = top_p_filter(logits, p)
         probs = logits.softmax(-1)
         in_order = probs.cumsum(-1) - probs < p  # summed in token order
         sure = probs.sort(-1, descending=True)
+        first = sure.values.cumsum(-1) - sure.values < p  # the nucleus, sorted
         within = torch.zeros_like(probs, dtype=torch.bool).scatter(
             -1, sure.indices, sure.values.cumsum(-1) <= p)  # stops short of p
         ranked = logits.sort(-1, descending=True)
@@ -425,7 +459,11 @@ def check_top_p(fn) -> None:
             (logits.masked_fill(~in_order, -torch.inf), "you added up the "
              "probabilities in token order; add them from the most likely token down"),
             (logits.masked_fill(~scores, -torch.inf), "you added up the scores; add up "
-             "their softmax probabilities")])
+             "their softmax probabilities"),
+            *[(kept, "you left the nucleus in sorted order: scatter it back to token "
+               "order with the indices that sort returned") for kept in (
+                logits.masked_fill(~first, -torch.inf),
+                logits.gather(-1, sure.indices).masked_fill(~first, -torch.inf))]])
     _passed("top-p filter", len(cases))
 
 # %% ../nbs/94_exercises.ipynb #7242792e
@@ -440,7 +478,7 @@ def check_next_token_loss(fn) -> None:
         logits = torch.randn(B, T, V, generator=g) * 2
         ids = torch.randint(0, V, (B, T), generator=g)
         case = f"logits {(B, T, V)}"
-        got = _call(fn, "loss", (logits.clone(), ids.clone()), case)
+        got = _call(fn, "loss", (logits, ids), case)
         want = sequence_loss(logits[:, :-1], ids[:, 1:])
         ce = torch.nn.functional.cross_entropy
         _compare(got, want, "loss", case, [
@@ -463,7 +501,7 @@ def check_shard(fn) -> None:
     for B, rank, world in sizes:
         batch = torch.arange(B * 3).view(B, 3)
         case = f"a batch of {B} rows, rank {rank} of {world}"
-        got = _call(fn, "shard", (batch.clone(), rank, world), case)
+        got = _call(fn, "shard", (batch, rank, world), case)
         b = B // world
         _compare(got, shard_batch(batch, rank, world), "shard", case, [
             (batch[rank::world], "you dealt the rows round-robin; each rank keeps one "
@@ -487,7 +525,7 @@ def check_mean_pool(fn) -> None:
         if T > 1:
             mask[-1, T // 2:] = False  # the last text is padded
         case = f"hidden {(B, T, C)}, {int((~mask).sum())} padded position(s)"
-        got = _call(fn, "pooling", (hidden.clone(), mask.clone()), case)
+        got = _call(fn, "pooling", (hidden, mask), case)
         normalize = torch.nn.functional.normalize
         _compare(got, mean_pool(hidden, mask), "pooling", case, [
             (normalize(hidden.mean(1), dim=-1), "you averaged the padding too: "
@@ -515,7 +553,7 @@ def check_q8_0(fn) -> None:
         raw = torch.cat([d.view(torch.uint8).view(blocks, 2), q.view(torch.uint8)], 1)
         raw = raw.flatten()
         case = f"{blocks} block(s), {raw.numel()} bytes"
-        got = _call(fn, "dequantiser", (raw.clone(),), case)
+        got = _call(fn, "dequantiser", (raw,), case)
         want = torch.from_numpy(gguf.quants.dequantize(
             raw.numpy(), gguf.GGMLQuantizationType.Q8_0).astype(np.float32))
         scale = d.float()[:, None]
@@ -546,14 +584,18 @@ def check_lora(fn) -> None:
         tensors = [t.detach() for t in (base.weight, base.bias, layer.A, layer.B)]
         got = _call(fn, "LoRA layer", (x, *tensors, alpha), case)
         with torch.no_grad():
-            want, y0 = layer(x), base(x)
+            want, y0, b = layer(x), base(x), base.bias
             update = x @ layer.A.T @ layer.B.T
         mistakes = [
             (update * alpha / r, "your output lacks the frozen layer's own x Wᵀ + b"),
             (y0, "your output has no update: add (alpha / r) x Aᵀ Bᵀ"),
+            (want - b, "you left out the frozen layer's bias b"),
         ]
         if r > 1:  # (with r = 1 the two scalings agree)
             mistakes.insert(0, (y0 + alpha * update, "you scaled the update by alpha; "
                                 "LoRA scales it by alpha / r"))
+        if r != alpha:  # (with r = alpha the two scalings agree)
+            mistakes.append((y0 + r / alpha * update, "you swapped r and alpha: LoRA "
+                             "scales the update by alpha / r, not r / alpha"))
         _compare(got, want, "LoRA layer", case, mistakes, tol=1e-4)
     _passed("LoRA layer", len(sizes))

@@ -88,7 +88,7 @@ CASES = [  # checker, a right answer, [(a wrong answer, words its sentence must 
         (lambda s: s.exp() / s.exp().sum(-1, keepdim=True), "overflows"),
         (lambda s: (s - s.amax(-1, keepdim=True)).exp(), "not normalised"),
         (lambda s: s.softmax(-1), "not NaN"),
-        (lambda s: s.softmax(0), "first axis")]),
+        (lambda s: s.softmax(0), "along axis 0")]),
     (E.check_embedding, lambda ids, t: t[ids], [
         (lambda ids, t: t[(ids + 1) % t.shape[0]], "one token off"),
         (lambda ids, t: t[ids][..., :1], "returned shape")]),
@@ -194,3 +194,135 @@ def test_checkers_leave_the_random_state_alone():
     torch.manual_seed(0)
     E.check_lora(_lora)  # builds layers, whose initialisation draws random numbers
     assert torch.equal(torch.randn(3), expected)
+
+
+def _named(checker, wrong, words):
+    "The checker stops `wrong` with a sentence that contains `words`."
+    with pytest.raises(E.ExerciseError, match=words):
+        checker(wrong)
+
+
+def test_softmax_over_another_axis_is_named():
+    _named(E.check_softmax, lambda s: s.softmax(0), "along axis 0")
+    _named(E.check_softmax, lambda s: s.softmax(-2) if s.dim() > 2 else _softmax(s),
+           "along axis 1")
+    _named(E.check_softmax, lambda s: s.exp() / s.exp().sum(0) if s.dim() > 1 else _softmax(s),
+           "along axis 0")
+
+
+def test_masking_after_the_softmax_is_named():
+    def after(q, k, v, mask=None, fill=0.0):
+        w = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)
+        return (w if mask is None else w.masked_fill(~mask, fill)) @ v
+    _named(E.check_attention, after, "masked after the softmax")
+    _named(E.check_attention, lambda q, k, v, m=None: after(q, k, v, m, float("-inf")),
+           "masked after the softmax")
+    def times_mask(q, k, v, mask=None):
+        w = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)
+        return (w if mask is None else w * mask) @ v
+    _named(E.check_attention, times_mask, "masked after the softmax")
+
+
+def test_a_causal_mask_one_step_off_is_named():
+    _named(E.check_causal_mask, lambda T, S: _mask(T, S, diag=S - T + 1), "one position ahead")
+    _named(E.check_causal_mask, lambda T, S: _mask(T, S, diag=S - T - 1), "own position")
+
+
+def test_a_wrong_rope_exponent_is_named():
+    def rope(x, pos, two=2):
+        D = x.shape[-1]
+        theta = 10000.0 ** (-two * torch.arange(D // 2) / D)
+        a = pos[:, None] * theta
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        return torch.cat([x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()], -1)
+    E.check_rope(rope)
+    _named(E.check_rope, lambda x, pos: rope(x, pos, two=1), "wrong exponent")
+    _named(E.check_rope, lambda x, pos: rope(x, pos, two=4), "wrong exponent")
+
+
+def test_a_forgotten_bias_is_named():
+    _named(E.check_feedforward, lambda x, w1, b1, w2, b2: F.gelu(x @ w1) @ w2 + b2, "bias b1")
+    _named(E.check_feedforward, lambda x, w1, b1, w2, b2: F.gelu(x @ w1 + b1) @ w2, "bias b2")
+    _named(E.check_feedforward, lambda x, w1, b1, w2, b2: F.gelu(x @ w1) @ w2, "both biases")
+    _named(E.check_lora, lambda x, W, b, A, B, alpha: _lora(x, W, b, A, B, alpha) - b,
+           "left out the frozen layer's bias")
+
+
+def test_r_and_alpha_swapped_in_lora_is_named():
+    def swapped(x, W, b, A, B, alpha):
+        return x @ W.T + b + A.shape[0] / alpha * (x @ A.T @ B.T)
+    _named(E.check_lora, swapped, "swapped r and alpha")
+
+
+def test_top_p_left_in_sorted_order_is_named():
+    def unsorted(logits, p, back=False):
+        probs, order = logits.softmax(-1).sort(-1, descending=True)
+        keep = probs.cumsum(-1) - probs < p
+        kept = logits.gather(-1, order) if back else logits
+        return kept.masked_fill(~keep, float("-inf"))
+    _named(E.check_top_p, unsorted, "sorted order")
+    _named(E.check_top_p, lambda lg, p: unsorted(lg, p, back=True), "sorted order")
+
+
+def test_a_right_function_that_changes_its_inputs_still_passes(capsys):
+    def attention(q, k, v, mask=None):
+        out = _attention(q, k, v, mask)
+        q.mul_(0), k.mul_(0), v.mul_(0)
+        if mask is not None:
+            mask.logical_not_()
+        return out
+
+    def step(kc, vc, q, k, v):
+        out = _step(kc, vc, q, k, v)
+        for t in (kc, vc, q, k, v):
+            t.zero_()
+        return out
+
+    def lora(x, W, b, A, B, alpha):
+        out = _lora(x, W, b, A, B, alpha)
+        for t in (x, W, b, A, B):
+            t.zero_()
+        return out
+
+    def feedforward(x, w1, b1, w2, b2):
+        out = F.gelu(x @ w1 + b1) @ w2 + b2
+        for t in (x, w1, b1, w2, b2):
+            t.mul_(-1)
+        return out
+
+    def top_p(logits, p):
+        out = _top_p(logits, p)
+        logits.fill_(0.0)
+        return out
+
+    E.check_attention(attention)
+    E.check_cache_step(step)
+    E.check_lora(lora)
+    E.check_feedforward(feedforward)
+    E.check_top_p(top_p)
+    E.check_projections(lambda x, s, a, b, c: (x @ a, s @ b, (s @ c, s.zero_())[0]))
+    assert capsys.readouterr().out.count("agree with the package") == 6
+
+
+def test_a_plain_mismatch_says_where_and_by_how_much():
+    def off(q, k, v, mask=None):
+        out = _attention(q, k, v, mask)
+        if out.dim() == 3:
+            out[1, 2, 0] += 0.41
+        return out
+    with pytest.raises(E.ExerciseError) as e:
+        E.check_attention(off)
+    assert str(e.value).startswith(
+        "your attention returned different values on q (2, 4, 8), k (2, 6, 8), v (2, 6, 3), "
+        "a (4, 6) mask: largest difference 0.41 at [1, 2, 0] (yours ")
+    assert "the package's " in str(e.value)
+
+    def one_wrong(T, S):
+        m = _mask(T, S)
+        m[0, 0] = False
+        return m
+    with pytest.raises(E.ExerciseError, match=r"on T = 3, S = 3: first difference at \[0, 0\]: "
+                       r"yours False, the package's True"):
+        E.check_causal_mask(one_wrong)
+    with pytest.raises(E.ExerciseError, match=r"on logits \(1, 2, 3\): largest difference 0.5 \(yours"):
+        E.check_next_token_loss(lambda lg, ids: _next_token_loss(lg, ids) + 0.5)

@@ -120,3 +120,68 @@ def test_mask_refusals_moved_to_folded_helpers():
     with raises(ValueError, "not both"):
         decoder_mask(1, 2, 0, torch.ones(1, 2, dtype=torch.bool),
                      torch.ones(2, 2, dtype=torch.bool))
+
+
+def _cells(stem: str) -> list:
+    return json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
+
+
+def _printed(cell) -> str:
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+
+
+def test_nearest_distinct_sinusoidal_positions_are_printed_as_they_are():
+    from minitransformer.positions import sinusoidal_positions
+    pe = sinusoidal_positions(64, 32)  # the chapter's table
+    dist = torch.cdist(pe.double(), pe.double())
+    dist.fill_diagonal_(float("inf"))
+    nearest = dist.min().item()
+    assert abs(nearest - 1.1716) < 1e-3, nearest  # 2 decimals are stable: 1.17
+    shown = [_printed(c) for c in _cells("07_positions") if c["cell_type"] == "code"
+             and "sinusoidal_positions(64, 32)" in "".join(c["source"])]
+    assert len(shown) == 1, "one cell computes the nearest pair of the 64 x 32 table"
+    assert f"the two closest lie {nearest:.2f} apart" in shown[0], shown[0]
+    assert "lie 1.0 apart" not in shown[0]
+
+
+def test_step_counts_in_the_prose_match_the_training_code():
+    cells = _cells("05_multihead")
+    at = [i for i, c in enumerate(cells) if "def train_lookups" in "".join(c["source"])]
+    assert len(at) == 1
+    steps = re.search(r"steps: int = (\d+)", "".join(cells[at[0]]["source"])).group(1)
+    before = "".join(cells[at[0] - 1]["source"])
+    assert f"{steps} steps" in before, before
+    md = _markdown("05_multihead")
+    for number in re.findall(r"(\d+) (?:training )?steps", md):
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        assert re.search(rf"range\({number}\)|steps: int = {number}\b", code), number
+
+
+def test_multihead_prose_claims_what_the_experiment_and_the_models_show():
+    md = _markdown("05_multihead")
+    assert "the best it can do" not in md  # a learned outcome, not a proven optimum
+    gqa = next(p for p in md.split("\n\n") if "Multi-query attention" in p)
+    if "SmolLM2" in gqa:  # 135M (9 heads, 3 K/V) and 360M (15, 5) share; 1.7B (32, 32) not
+        assert "SmolLM2)" not in gqa and "1.7B" in gqa, gqa
+
+
+def test_every_mask_exercise_has_exactly_one_solution():
+    cells = _cells("08_masks")
+    starts = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+              and "".join(c["source"]).lstrip().startswith("**Exercise")]
+    assert len(starts) >= 3
+    for a, b in zip(starts, starts[1:] + [len(cells)]):
+        block = [c for c in cells[a + 1:b] if c["cell_type"] == "markdown"
+                 and not "".join(c["source"]).lstrip().startswith("## ")]
+        solutions = sum("".join(c["source"]).count("{dropdown} Solution") for c in block)
+        assert solutions == 1, f"{''.join(cells[a]['source'])[:30]!r}: {solutions} solutions"
+
+
+def test_additive_form_blames_nan_on_a_row_with_no_allowed_key_only():
+    md = _markdown("08_masks")
+    assert "A blocked entry of $-\\infty$ is a known source of NaN" not in md
+    assert "One $-\\infty$ in a row is harmless" in md
+    assert "*everywhere*" in md
+    row = torch.tensor([0.0, float("-inf"), 0.0])
+    assert torch.softmax(row, -1).tolist() == [0.5, 0.0, 0.5]
+    assert torch.softmax(torch.full((3,), float("-inf")), -1).isnan().all()

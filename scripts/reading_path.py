@@ -1,6 +1,8 @@
 """What a reader meets on each chapter's page: the code lines shown (not folded, not hidden), the
 exported lines among them, the `raise` statements among those (guards belong in folded cells), and
-references forward to later chapters ("chapter 12 adds ...") in the prose and the shown comments.
+references forward to later chapters ("chapter 12 adds ...") in the prose and the shown comments,
+whether a sketch (a plain class or function named `...Sketch`/`..._sketch`, not exported) comes before
+the chapter's first exported class or function, and the source lines of all cells, markdown included.
 
     python scripts/reading_path.py          # a table, one row per notebook
 tests/test_chapters.py holds the chapters to it."""
@@ -16,6 +18,8 @@ FOLDED = {"hide-cell", "hide-input", "remove-cell", "remove-input"}
 NOT_SHOWN = re.compile(r"\s*#\|\s*(hide|default_exp|include: false|echo: false)\b")
 FORWARD = re.compile(r"\b[Cc]hapters?\s+(\d+)((?:\s*(?:,|and|or|–|-)\s*\d+)*)")
 RAISE = re.compile(r"\braise (TypeError|ValueError)\b")
+SKETCH = re.compile(r"^(?:class \w*Sketch\b|def \w*_sketch\b)", re.M)
+DEFINES = re.compile(r"^(?:class|def) [A-Za-z]\w*", re.M)  # a public class or function
 
 
 def shown_lines(cell: dict) -> list[str]:
@@ -44,9 +48,17 @@ def forward_refs(text: str, n: int) -> list[str]:
 
 def measure(path: Path) -> dict:
     n = int(path.name[:2])
-    shown = exported = raises = 0
+    shown = exported = raises = lines = 0
     refs: list[str] = []
-    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+    sketch = first_export = None  # cell indices
+    for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        src = "".join(cell["source"])
+        lines += len(src.split("\n"))
+        is_export = cell["cell_type"] == "code" and re.search(r"^\s*#\|\s*export", src, re.M)
+        if is_export and first_export is None and DEFINES.search(src):
+            first_export = i
+        if cell["cell_type"] == "code" and not is_export and sketch is None and SKETCH.search(src):
+            sketch = i
         if cell["cell_type"] == "markdown":
             refs += forward_refs("".join(cell["source"]), n)
             continue
@@ -56,15 +68,21 @@ def measure(path: Path) -> dict:
             exported += len(body)
             raises += sum(bool(RAISE.search(ln)) for ln in body)
         refs += forward_refs("\n".join(ln.split("#", 1)[1] for ln in body if "#" in ln), n)
-    return {"shown": shown, "exported": exported, "raises": raises, "forward": refs}
+    before = sketch is not None and (first_export is None or sketch < first_export)
+    return {"shown": shown, "exported": exported, "raises": raises, "forward": refs,
+            "lines": lines, "sketch": sketch, "sketch_first": before}
 
 
 def main() -> None:
-    print(f"{'notebook':18} {'shown':>6} {'exported':>9} {'raise':>6} {'forward refs':>13}")
+    print(f"{'notebook':18} {'shown':>6} {'exported':>9} {'raise':>6} {'forward refs':>13}"
+          f" {'sketch':>13} {'source lines':>13}")
     for path in sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb")):
         m = measure(path)
         fw = len(m["forward"]) if int(path.name[:2]) < 90 else "-"
-        print(f"{path.stem:18} {m['shown']:6} {m['exported']:9} {m['raises']:6} {fw:>13}")
+        sketch = ("-" if m["sketch"] is None else
+                  f"cell {m['sketch']}" + ("" if m["sketch_first"] else " (late)"))
+        print(f"{path.stem:18} {m['shown']:6} {m['exported']:9} {m['raises']:6} {fw:>13}"
+              f" {sketch:>13} {m['lines']:13}")
 
 
 if __name__ == "__main__":

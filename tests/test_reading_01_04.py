@@ -315,3 +315,43 @@ def test_chapter_3_motivates_three_matrices_before_its_module():
                          "class QKVProjection(nn.Module)")}
     assert (first["## Why three matrices"] < first["## The module"]
             < first["class QKVProjection(nn.Module)"]), first
+
+
+def _sketch_and_export(stem: str, exported: str) -> tuple[int, int, str]:
+    "Index of the first sketch cell, of the cell exporting `exported`, and the sketch."
+    texts = ["".join(c["source"]) if c["cell_type"] == "code" else "" for c in _cells(stem)]
+    sketches = [i for i, t in enumerate(texts) if not re.search(r"^#\|\s*export", t, re.M)
+                and re.search(r"^(class \w*Sketch\b|def \w*_sketch\b)", t, re.M)]
+    export = next(i for i, t in enumerate(texts)
+                  if re.search(r"^#\|\s*export", t, re.M) and exported in t)
+    assert sketches, f"{stem}: no sketch"
+    return sketches[0], export, texts[sketches[0]]
+
+
+def test_chapter_3_sketches_the_projection_before_its_module():
+    sketch, export, text = _sketch_and_export("03_qkv", "class QKVProjection(")
+    assert sketch < export, (sketch, export)
+    assert "class QKVSketch(nn.Module)" in text and 10 <= len(text.splitlines()) <= 25
+    cells = _cells("03_qkv")
+    assert "hide-cell" in cells[export]["metadata"].get("tags", [])
+    check = next("".join(c["source"]) for c in cells[export:]
+                 if "QKVSketch(" in "".join(c["source"]))
+    assert "load_state_dict" in check and "QKVProjection" in check
+
+
+def test_chapter_4_makes_one_full_pass_and_sketches_it_before_the_scale_experiment():
+    sketch, export, text = _sketch_and_export("04_attention", "def attention_with_weights(")
+    assert sketch < export, (sketch, export)
+    assert "def attention_sketch(q, k, v, mask=None)" in text
+    assert 10 <= len(text.splitlines()) <= 15
+    texts = ["".join(c["source"]) for c in _cells("04_attention")]
+    first = {key: next(i for i, t in enumerate(texts) if key in t)
+             for key in ("## One pass by hand", "def attention_sketch(",
+                         "## Why divide by", "widths = [4, 16, 64, 256, 1024]")}
+    assert (first["## One pass by hand"] < first["def attention_sketch("]
+            < first["## Why divide by"] < first["widths = [4, 16, 64, 256, 1024]"]), first
+    for name in ("def attention_with_weights(", "def scaled_dot_product_attention("):
+        cell = next(c for c, t in zip(_cells("04_attention"), texts) if name in t)
+        assert "hide-cell" in cell["metadata"].get("tags", []), name
+    checks = [t for t in texts[export:] if "attention_sketch(" in t]
+    assert any("attention_with_weights" in t for t in checks)

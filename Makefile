@@ -7,6 +7,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 VENDOR := _vendor/.versions
 NB     ?=
+# make test runs JOBS notebooks and test files side by side (pytest-xdist, and the Colab simulation's
+# runtimes), each on CORES / JOBS threads; one thread is a condition make portability-check holds them to.
+CORES  := $(shell nproc)
+JOBS   ?= $(shell n=$(CORES); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
@@ -65,12 +69,14 @@ execute: $(STAMP)
 	$(BIN)/python scripts/execute_nbs.py $(NB)
 
 # A fresh strict build (--all: warnings of unchanged pages count too), then one pytest run: export drift and
-# project checks, property tests, nbval on every chapter, the built HTML and the browser checks; then every
-# chapter once more as Colab runs it; then the wheel and sdist (make dist).
+# project checks, property tests, nbval on every chapter, the built HTML and the browser checks (JOBS
+# workers; a notebook's cells stay together on one: --dist loadfile); then every chapter once more as
+# Colab runs it (JOBS runtimes); then the wheel and sdist (make dist).
 test: $(STAMP) $(VENDOR) chromium
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet
-	MT_BROWSER_TESTS=1 $(PYTEST) $(NBVAL) nbs tests
-	$(BIN)/python scripts/colab_check.py
+	MT_BROWSER_TESTS=1 OMP_NUM_THREADS=$$(( $(CORES) / $(JOBS) )) \
+	  $(PYTEST) -n $(JOBS) --dist loadfile $(NBVAL) nbs tests
+	$(BIN)/python scripts/colab_check.py --jobs $(JOBS)
 	$(BIN)/python scripts/check_dist.py
 
 # The release artifacts as a user receives them: wheel and sdist built with `python -m build` into

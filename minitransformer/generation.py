@@ -288,6 +288,23 @@ def _step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
     return model(ids, last_only=True, **kw)[:, -1]  # (forward hooks run: a call)
 
 
+# %% ../nbs/12_generation.ipynb #0a3b14db
+def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
+                   repeats: int = 9,  # timed reads; the median counts
+                   ) -> float:  # bytes per second
+    """How fast this CPU reads memory with torch's threads: `x.sum()` over `n_bytes`
+    of float32, the median of `repeats` timed runs after an untimed one (which maps
+    the pages)."""
+    n_bytes, repeats = _check_bandwidth_args(n_bytes, repeats)  # (before allocating)
+    x = torch.ones(n_bytes // 4)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()  # reads every byte once, writes one number
+        times.append(time.perf_counter() - start)
+    return x.nbytes / statistics.median(times)
+
 # %% ../nbs/12_generation.ipynb #24b21fb6
 _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
 
@@ -329,20 +346,3 @@ def _static_heads(cache) -> None:
         for buffer in (c.k, c.v):  # (B, H_kv, max_len, D): B and max_len stay symbols
             torch._dynamo.mark_static(buffer, 1)
             torch._dynamo.mark_static(buffer, 3)
-
-# %% ../nbs/12_generation.ipynb #0a3b14db
-def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
-                   repeats: int = 9,  # timed reads; the median counts
-                   ) -> float:  # bytes per second
-    """How fast this CPU reads memory with torch's threads: `x.sum()` over `n_bytes`
-    of float32, the median of `repeats` timed runs after an untimed one (which maps
-    the pages)."""
-    n_bytes, repeats = _check_bandwidth_args(n_bytes, repeats)  # (before allocating)
-    x = torch.ones(n_bytes // 4)
-    x.sum()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()  # reads every byte once, writes one number
-        times.append(time.perf_counter() - start)
-    return x.nbytes / statistics.median(times)

@@ -90,7 +90,8 @@ colab-check: $(STAMP)
 
 # Committed outputs must come out the same on another CPU. Two nbval runs over every chapter in
 # conditions that change the kernels and the order of float sums: torch's portable (non-vectorised)
-# kernels, MKL and oneDNN held to AVX2, one thread; then AVX2 kernels with three threads.
+# kernels, MKL and oneDNN held to AVX2, one thread (JOBS notebooks side by side); then AVX2 kernels
+# with three threads, one notebook at a time.
 # Each pass compiles (chapter 12's torch.compile) into an empty inductor cache of its own, as another
 # machine would: torch 2.13's cache does not tell apart kernels compiled under another
 # ATEN_CPU_CAPABILITY, and reusing them computes wrong numbers.
@@ -99,7 +100,7 @@ portability-check: $(STAMP)
 	rm -rf $(INDUCTOR_CACHES)
 	ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
 	  TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHES)/default \
-	  OMP_NUM_THREADS=1 $(PYTEST) $(NBVAL) nbs
+	  OMP_NUM_THREADS=1 $(PYTEST) -n $(JOBS) --dist loadfile $(NBVAL) nbs
 	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
 	  TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHES)/avx2 \
 	  OMP_NUM_THREADS=3 $(PYTEST) $(NBVAL) nbs

@@ -28,7 +28,7 @@ from .checks import (
     check_positive_int, check_probability, check_tensor, is_integer_tensor, shape_str)
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'sequence_loss', 'learning_rate', 'TrainLog', 'WeightAverage', 'SingleProcess', 'train']
+__all__ = ['SCHEDULES', 'sequence_loss', 'learning_rate', 'WeightAverage', 'TrainLog', 'train', 'SingleProcess']
 
 # %% ../nbs/13_training.ipynb #a1b26eda
 def _check_sequence_loss(logits, targets, ignore_id, label_smoothing) -> tuple:
@@ -97,7 +97,174 @@ def learning_rate(progress: float,  # fraction of training done, 0..1 (cosine on
     p = min(max(progress, 0.0), 1.0)
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
-# %% ../nbs/13_training.ipynb #155ba2f6
+# %% ../nbs/13_training.ipynb #acce972e
+class WeightAverage:
+    "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
+
+    def __init__(self, params: list, decay: float, name: str = "decay"):
+        self.params = _check_params(params)
+        self.decay = check_probability(decay, name, allow_zero=False, allow_one=False)
+        self.average = [p.detach().float().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        "After step t (1, 2, ...): move 1 - d of the way, d = min(decay, (1+t)/(10+t))."
+        step = check_int(step, "step", minimum=0)
+        d = min(self.decay, (1 + step) / (10 + step))  # early: forget the start fast
+        torch._foreach_lerp_(self.average, [p.float() for p in self.params], 1 - d)
+
+    @contextmanager
+    def swapped_in(self):
+        "Inside the block the parameters hold the average; after it, the live weights."
+        live = [p.detach().clone() for p in self.params]
+        _load(self.params, self.average)
+        try:
+            yield
+        finally:  # also after an error or Ctrl-C inside the block
+            _load(self.params, live)
+
+# %% ../nbs/13_training.ipynb #7b6be3d9
+@dataclass
+class TrainLog:
+    "What `train` did: loss and rate per step, evaluations, training seconds."
+    steps: int = 0
+    seconds: float = 0.0
+    losses: list = field(default_factory=list)
+    lrs: list = field(default_factory=list)
+    evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
+    skipped: int = 0  # steps with a NaN/inf loss or gradient (on_nonfinite="skip")
+
+    def record_step(self, loss: float, rate: float, seconds: float,
+                    log_every: int) -> None:
+        log_every = _check_record(loss, log_every)
+        self.losses.append(float(loss))
+        self.lrs.append(rate)
+        if log_every and len(self.losses) % log_every == 0:
+            mean = sum(self.losses[-log_every:]) / log_every
+            print(f"step {len(self.losses):>6}  loss {mean:.4f}  lr {rate:.2e}  "
+                  f"{seconds:6.1f} s", flush=True)
+
+    def record_eval(self, step: int, seconds: float, metrics: dict,
+                    verbose: bool) -> None:
+        self.evals.append((check_int(step, "step", minimum=0), seconds,
+                           _check_metrics(metrics)))
+        if verbose:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            print(f"  eval @ step {step}: {shown}")
+
+# %% ../nbs/13_training.ipynb #c4d2e8a7
+def train(model: nn.Module,
+          next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
+          loss_fn: Callable[[nn.Module, tuple], torch.Tensor],  # (model, batch) -> loss
+          steps: int | None = None,  # stop after this many steps ...
+          max_seconds: float | None = None,  # ... or this much time, whichever is first
+          lr: float = 1e-3,
+          warmup: int = 100,  # linear warm-up steps (against early instability)
+          schedule: str = "cosine",  # over the budget: cosine | constant | inverse_sqrt
+          min_lr_ratio: float = 0.1,  # cosine ends at min_lr_ratio·lr
+          weight_decay: float = 0.0,  # AdamW decay, applied to matrices only
+          betas: tuple[float, float] = (0.9, 0.98),
+          clip: float | None = 1.0,  # clip the gradient norm
+          ema: float | None = None,  # also average the weights with this decay (0.998)
+          eval_fn: Callable[[nn.Module], dict] | None = None,  # model -> metrics
+          eval_every: int | None = None,  # evaluate every this many steps + at the end
+          log_every: int = 100,  # print progress every this many steps (0: quiet)
+          autocast_bf16: bool = False,  # run forward passes under bfloat16 autocast
+          compile: bool | str = False,  # torch.compile the model for the steps
+          on_nonfinite: str = "raise",  # NaN/inf loss or gradient: raise | skip
+          checkpoint: str | Path | None = None,  # save the run here at the end ...
+          checkpoint_every: int | None = None,  # ... and every this many steps
+          resume: bool = False,  # continue the run saved at `checkpoint`, if any
+          processes: SingleProcess | None = None,  # several: DDPProcesses (chapter 14)
+          ) -> TrainLog:
+    """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient
+    clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
+    model ends holding them. A step whose loss or gradient is not finite changes no
+    weight: it raises `FloatingPointError`, or is skipped (counted in `log.skipped`).
+    `resume` continues exactly where `next_batch(step)` depends on the step alone.
+
+    With `processes=DDPProcesses()` under torchrun, each process calls `next_batch`
+    for its own share of the batch and `loss_fn` with DistributedDataParallel's
+    wrapper, which it must call once per step, giving every trainable weight a
+    gradient; the gradients are averaged, so every rank takes the same steps.
+    `loss_fn` may return `(loss, count)` to have each rank's mean weighted by its
+    number of targets. Rank 0 alone prints, evaluates and saves; the time budget is
+    rank 0's clock."""
+    a = _check_train(**locals())
+    if a["steps"] == 0 or a["max_seconds"] == 0:
+        return TrainLog()  # an empty budget: nothing to do
+    params = [p for p in model.parameters() if p.requires_grad]
+    ranks = a["processes"]  # one process, or one of torchrun's
+    compiled = torch.compile(model, backend=a["compile"]) if a["compile"] else model
+    net = ranks.wrap(compiled)  # DDP copies rank 0's weights to every rank
+    opt = _adamw(params, a["lr"], a["betas"], a["weight_decay"])
+    average = None if a["ema"] is None else WeightAverage(params, a["ema"], "ema")
+    log, run = TrainLog(), _run_args(a) | {"world_size": ranks.size}
+    found = a["resume"] and a["checkpoint"].exists()
+    if ranks.agree(found, f"whether {a['checkpoint']} exists"):
+        _resume(a["checkpoint"], model, opt, average, log, run)
+        if ranks.rank:  # rank 0's random state was saved: the others draw their own
+            torch.manual_seed(int(torch.randint(2**62, ())) + ranks.rank)
+    lead = ranks.rank == 0  # prints, evaluates and saves
+    log_every = log_every if lead else 0
+    clock = _Clock(log.seconds)  # training time: evaluations and saves do not count
+    saved_at = None  # the step of the last checkpoint
+
+    def evaluate() -> None:
+        with clock.paused():
+            metrics = _evaluate(model, eval_fn, average)
+        log.record_eval(log.steps, clock(), metrics, verbose=bool(log_every))
+
+    def save() -> None:
+        nonlocal saved_at
+        log.seconds, saved_at = clock(), log.steps
+        with clock.paused():
+            save_checkpoint(model, a["checkpoint"],
+                            *_train_state(model, opt, average, log, run))
+
+    def seconds() -> float:  # rank 0's clock: the same budget on every rank
+        return ranks.seconds(clock()) if a["max_seconds"] else clock()
+
+    net.train()
+    while (progress := _progress(log, seconds(), a)) < 1.0:
+        rate = learning_rate(progress, log.steps, a["lr"], a["warmup"], a["schedule"],
+                             a["min_lr_ratio"])
+        for group in opt.param_groups:
+            group["lr"] = rate
+        with torch.autocast(params[0].device.type, dtype=torch.bfloat16,
+                            enabled=autocast_bf16):
+            loss = ranks.weighted(*_check_loss(loss_fn(net, next_batch(log.steps))))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = nn.utils.clip_grad_norm_(  # the norm before clipping (no limit: inf)
+            params, math.inf if a["clip"] is None else a["clip"])
+        values = ranks.mean(torch.stack([loss.detach().float(),  # 1 sync
+                                         norm.float().to(loss.device)]))
+        log.steps += 1
+        if all(map(math.isfinite, values)):
+            opt.step()
+            if average is not None:
+                average.update(log.steps)
+        else:  # no weight, no average moves
+            _nonfinite(model, log, values, a["on_nonfinite"])
+        log.record_step(values[0], rate, clock(), log_every)
+        if lead and eval_fn is not None and eval_every and log.steps % eval_every == 0:
+            evaluate()
+        if lead and a["checkpoint_every"] and log.steps % a["checkpoint_every"] == 0:
+            save()
+    log.seconds = seconds()
+    if lead and eval_fn is not None and not (log.evals
+                                             and log.evals[-1][0] == log.steps):
+        evaluate()
+    if lead and a["checkpoint"] is not None and log.steps != saved_at:
+        save()
+    ranks.barrier()  # the final checkpoint is on disk before any rank goes on
+    if average is not None:
+        _load(params, average.average)  # the model keeps the averaged weights
+    model.eval()
+    return log
+
+# %% ../nbs/92_checkpoints.ipynb #155ba2f6
 def _check_record(loss, log_every) -> int:
     "`TrainLog.record_step`'s arguments checked: `log_every` as an int."
     if not isinstance(loss, numbers.Real) or isinstance(loss, bool):
@@ -153,62 +320,7 @@ def _check_params(params) -> list:
         check_tensor(p, f"params[{i}]", floating=True)
     return params
 
-# %% ../nbs/13_training.ipynb #7b6be3d9
-@dataclass
-class TrainLog:
-    "What `train` did: loss and rate per step, evaluations, training seconds."
-    steps: int = 0
-    seconds: float = 0.0
-    losses: list = field(default_factory=list)
-    lrs: list = field(default_factory=list)
-    evals: list = field(default_factory=list)  # (step, seconds, {metric: value})
-    skipped: int = 0  # steps with a NaN/inf loss or gradient (on_nonfinite="skip")
-
-    def record_step(self, loss: float, rate: float, seconds: float,
-                    log_every: int) -> None:
-        log_every = _check_record(loss, log_every)
-        self.losses.append(float(loss))
-        self.lrs.append(rate)
-        if log_every and len(self.losses) % log_every == 0:
-            mean = sum(self.losses[-log_every:]) / log_every
-            print(f"step {len(self.losses):>6}  loss {mean:.4f}  lr {rate:.2e}  "
-                  f"{seconds:6.1f} s", flush=True)
-
-    def record_eval(self, step: int, seconds: float, metrics: dict,
-                    verbose: bool) -> None:
-        self.evals.append((check_int(step, "step", minimum=0), seconds,
-                           _check_metrics(metrics)))
-        if verbose:
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            print(f"  eval @ step {step}: {shown}")
-
-# %% ../nbs/13_training.ipynb #acce972e
-class WeightAverage:
-    "An exponential moving average of `params`, in float32 (also for bfloat16 weights)."
-
-    def __init__(self, params: list, decay: float, name: str = "decay"):
-        self.params = _check_params(params)
-        self.decay = check_probability(decay, name, allow_zero=False, allow_one=False)
-        self.average = [p.detach().float().clone() for p in self.params]
-
-    @torch.no_grad()
-    def update(self, step: int) -> None:
-        "After step t (1, 2, ...): move 1 - d of the way, d = min(decay, (1+t)/(10+t))."
-        step = check_int(step, "step", minimum=0)
-        d = min(self.decay, (1 + step) / (10 + step))  # early: forget the start fast
-        torch._foreach_lerp_(self.average, [p.float() for p in self.params], 1 - d)
-
-    @contextmanager
-    def swapped_in(self):
-        "Inside the block the parameters hold the average; after it, the live weights."
-        live = [p.detach().clone() for p in self.params]
-        _load(self.params, self.average)
-        try:
-            yield
-        finally:  # also after an error or Ctrl-C inside the block
-            _load(self.params, live)
-
-# %% ../nbs/13_training.ipynb #0ba7615a
+# %% ../nbs/92_checkpoints.ipynb #0ba7615a
 def _train_state(model: nn.Module, opt: torch.optim.Optimizer,
                  average: WeightAverage | None, log: TrainLog, run: dict) -> tuple:
     "What resuming a run needs, as (tensors named 'train/…', JSON-able info)."
@@ -257,7 +369,7 @@ def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
         warnings.warn(f"resuming {path} with different {changed}: the run will not "
                       "follow the curve of an uninterrupted one", stacklevel=3)
 
-# %% ../nbs/13_training.ipynb #4550d5fa
+# %% ../nbs/92_checkpoints.ipynb #4550d5fa
 class SingleProcess:
     """What `train` asks of the other processes training the same model — the model
     to call, the clock, each one's share of the loss, means and decisions taken
@@ -288,7 +400,7 @@ class SingleProcess:
     def barrier(self) -> None:
         "Wait for the other processes: none."
 
-# %% ../nbs/13_training.ipynb #a84d18fa
+# %% ../nbs/92_checkpoints.ipynb #a84d18fa
 def _check_train(model, next_batch, loss_fn, steps, max_seconds, lr, warmup,
                  schedule, min_lr_ratio, weight_decay, betas, clip, ema, eval_fn,
                  eval_every, log_every, autocast_bf16, compile, on_nonfinite,
@@ -426,115 +538,3 @@ def _adamw(params: list, lr: float, betas: tuple,
                "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
-
-# %% ../nbs/13_training.ipynb #c4d2e8a7
-def train(model: nn.Module,
-          next_batch: Callable[[int], tuple],  # step -> a batch for loss_fn
-          loss_fn: Callable[[nn.Module, tuple], torch.Tensor],  # (model, batch) -> loss
-          steps: int | None = None,  # stop after this many steps ...
-          max_seconds: float | None = None,  # ... or this much time, whichever is first
-          lr: float = 1e-3,
-          warmup: int = 100,  # linear warm-up steps (against early instability)
-          schedule: str = "cosine",  # over the budget: cosine | constant | inverse_sqrt
-          min_lr_ratio: float = 0.1,  # cosine ends at min_lr_ratio·lr
-          weight_decay: float = 0.0,  # AdamW decay, applied to matrices only
-          betas: tuple[float, float] = (0.9, 0.98),
-          clip: float | None = 1.0,  # clip the gradient norm
-          ema: float | None = None,  # also average the weights with this decay (0.998)
-          eval_fn: Callable[[nn.Module], dict] | None = None,  # model -> metrics
-          eval_every: int | None = None,  # evaluate every this many steps + at the end
-          log_every: int = 100,  # print progress every this many steps (0: quiet)
-          autocast_bf16: bool = False,  # run forward passes under bfloat16 autocast
-          compile: bool | str = False,  # torch.compile the model for the steps
-          on_nonfinite: str = "raise",  # NaN/inf loss or gradient: raise | skip
-          checkpoint: str | Path | None = None,  # save the run here at the end ...
-          checkpoint_every: int | None = None,  # ... and every this many steps
-          resume: bool = False,  # continue the run saved at `checkpoint`, if any
-          processes: SingleProcess | None = None,  # several: DDPProcesses (chapter 14)
-          ) -> TrainLog:
-    """Train `model` with AdamW, warm-up, a learning-rate schedule and gradient
-    clipping. With `ema`, evaluations also score the averaged weights (`ema …`) and the
-    model ends holding them. A step whose loss or gradient is not finite changes no
-    weight: it raises `FloatingPointError`, or is skipped (counted in `log.skipped`).
-    `resume` continues exactly where `next_batch(step)` depends on the step alone.
-
-    With `processes=DDPProcesses()` under torchrun, each process calls `next_batch`
-    for its own share of the batch and `loss_fn` with DistributedDataParallel's
-    wrapper, which it must call once per step, giving every trainable weight a
-    gradient; the gradients are averaged, so every rank takes the same steps.
-    `loss_fn` may return `(loss, count)` to have each rank's mean weighted by its
-    number of targets. Rank 0 alone prints, evaluates and saves; the time budget is
-    rank 0's clock."""
-    a = _check_train(**locals())
-    if a["steps"] == 0 or a["max_seconds"] == 0:
-        return TrainLog()  # an empty budget: nothing to do
-    params = [p for p in model.parameters() if p.requires_grad]
-    ranks = a["processes"]  # one process, or one of torchrun's
-    compiled = torch.compile(model, backend=a["compile"]) if a["compile"] else model
-    net = ranks.wrap(compiled)  # DDP copies rank 0's weights to every rank
-    opt = _adamw(params, a["lr"], a["betas"], a["weight_decay"])
-    average = None if a["ema"] is None else WeightAverage(params, a["ema"], "ema")
-    log, run = TrainLog(), _run_args(a) | {"world_size": ranks.size}
-    found = a["resume"] and a["checkpoint"].exists()
-    if ranks.agree(found, f"whether {a['checkpoint']} exists"):
-        _resume(a["checkpoint"], model, opt, average, log, run)
-        if ranks.rank:  # rank 0's random state was saved: the others draw their own
-            torch.manual_seed(int(torch.randint(2**62, ())) + ranks.rank)
-    lead = ranks.rank == 0  # prints, evaluates and saves
-    log_every = log_every if lead else 0
-    clock = _Clock(log.seconds)  # training time: evaluations and saves do not count
-    saved_at = None  # the step of the last checkpoint
-
-    def evaluate() -> None:
-        with clock.paused():
-            metrics = _evaluate(model, eval_fn, average)
-        log.record_eval(log.steps, clock(), metrics, verbose=bool(log_every))
-
-    def save() -> None:
-        nonlocal saved_at
-        log.seconds, saved_at = clock(), log.steps
-        with clock.paused():
-            save_checkpoint(model, a["checkpoint"],
-                            *_train_state(model, opt, average, log, run))
-
-    def seconds() -> float:  # rank 0's clock: the same budget on every rank
-        return ranks.seconds(clock()) if a["max_seconds"] else clock()
-
-    net.train()
-    while (progress := _progress(log, seconds(), a)) < 1.0:
-        rate = learning_rate(progress, log.steps, a["lr"], a["warmup"], a["schedule"],
-                             a["min_lr_ratio"])
-        for group in opt.param_groups:
-            group["lr"] = rate
-        with torch.autocast(params[0].device.type, dtype=torch.bfloat16,
-                            enabled=autocast_bf16):
-            loss = ranks.weighted(*_check_loss(loss_fn(net, next_batch(log.steps))))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = nn.utils.clip_grad_norm_(  # the norm before clipping (no limit: inf)
-            params, math.inf if a["clip"] is None else a["clip"])
-        values = ranks.mean(torch.stack([loss.detach().float(),  # 1 sync
-                                         norm.float().to(loss.device)]))
-        log.steps += 1
-        if all(map(math.isfinite, values)):
-            opt.step()
-            if average is not None:
-                average.update(log.steps)
-        else:  # no weight, no average moves
-            _nonfinite(model, log, values, a["on_nonfinite"])
-        log.record_step(values[0], rate, clock(), log_every)
-        if lead and eval_fn is not None and eval_every and log.steps % eval_every == 0:
-            evaluate()
-        if lead and a["checkpoint_every"] and log.steps % a["checkpoint_every"] == 0:
-            save()
-    log.seconds = seconds()
-    if lead and eval_fn is not None and not (log.evals
-                                             and log.evals[-1][0] == log.steps):
-        evaluate()
-    if lead and a["checkpoint"] is not None and log.steps != saved_at:
-        save()
-    ranks.barrier()  # the final checkpoint is on disk before any rank goes on
-    if average is not None:
-        _load(params, average.average)  # the model keeps the averaged weights
-    model.eval()
-    return log

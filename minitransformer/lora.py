@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -13,13 +15,15 @@ from safetensors import safe_open
 from torch import nn
 
 from .checks import (
-    check_dropout, check_module, check_number, check_positive_int)
+    check_choice, check_dropout, check_module, check_number, check_positive_int)
 from .checkpoints import (
     name_in_errors, parse_json_object, tied_parameters, write_safetensors)
+from .model import GPT, TextEncoder
+from .pretrained import bert_rules, llama_rules
 
 # %% auto #0
 __all__ = ['ADAPTER_FORMAT', 'LoRALinear', 'add_lora', 'lora_layers', 'merge_lora', 'unmerge_lora', 'save_adapter',
-           'load_adapter']
+           'load_adapter', 'save_folder']
 
 # %% ../nbs/17_lora.ipynb #595a4dd9
 def _fingerprint(weight: torch.Tensor) -> str:
@@ -184,10 +188,16 @@ def unmerge_lora(model: nn.Module) -> None:
 ADAPTER_FORMAT = "minitransformer-lora-1"
 
 
-def save_adapter(model: nn.Module, path) -> Path:
+def save_adapter(model: nn.Module, path,
+                 format: str = "minitransformer",  # or "peft": the folder peft reads
+                 base_model_name_or_path: str | None = None,  # peft: the base's name
+                 ) -> Path:
     """Write only what training changed — every LoRA layer's A and B and any other
-    trainable parameter — with the fingerprints of the base weights they adapt."""
-    layers = _check_saveable(model)  # LoRA layers, none merged
+    trainable parameter — with the fingerprints of the base weights they adapt; with
+    `format="peft"`, the folder of the `peft` library instead (see below)."""
+    layers = _check_saveable(model, format, base_model_name_or_path)  # none merged
+    if format == "peft":
+        return _save_peft(model, layers, Path(path), base_model_name_or_path)
     tensors = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters()
                if p.requires_grad}
     meta = {"format": ADAPTER_FORMAT, "model": type(model).__name__,
@@ -201,12 +211,21 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     """Put a saved adapter on `model`: the same base model (checked by fingerprint),
     with or without LoRA layers yet (they are added as the file describes). The
     file's header — every layer's settings, every tensor's name and shape — is checked
-    before anything is read or changed: a refused file leaves `model` as it was."""
+    before anything is read or changed: a refused file leaves `model` as it was. A
+    folder is read as `peft`'s format (below), checked by its names and shapes."""
     check_module(model)
-    path, meta, shapes = _adapter_header(path, model)  # an adapter for this class
-    specs = _check_adapter(model, path, meta, shapes)  # same base, every name and shape
-    with safe_open(path, "pt") as f:  # everything fits: read, then change the model
-        tensors = {n: f.get_tensor(n) for n in shapes}
+    if Path(path).is_dir():  # adapter_config.json and adapter_model.safetensors
+        specs, tensors = _read_peft(model, Path(path))
+    else:
+        path, meta, shapes = _adapter_header(path, model)  # for this class of model
+        specs = _check_adapter(model, path, meta, shapes)  # same base, names, shapes
+        with safe_open(path, "pt") as f:  # everything fits: read, then change the model
+            tensors = {n: f.get_tensor(n) for n in shapes}
+    return _put_adapter(model, specs, tensors)
+
+
+def _put_adapter(model: nn.Module, specs: dict, tensors: dict) -> nn.Module:
+    "Add the LoRA layers `specs` describes that `model` lacks, then copy `tensors` in."
     have = lora_layers(model)
     model.requires_grad_(False)  # as after add_lora: what the file holds trains
     for name, spec in specs.items():  # now add the missing LoRA layers
@@ -223,12 +242,19 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     return model
 
 # %% ../nbs/17_lora.ipynb #061160da
-def _check_saveable(model: nn.Module) -> dict:
+def _check_saveable(model: nn.Module, format: str = "minitransformer",
+                    base_model_name_or_path: str | None = None) -> dict:
+    check_module(model)
+    check_choice(format, "format", ("minitransformer", "peft"))
+    if format != "peft" and base_model_name_or_path is not None:
+        raise ValueError("base_model_name_or_path is written in the peft format only")
     layers = lora_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no LoRA layers to save")
     if any(m.merged for m in layers.values()):
         raise ValueError("unmerge the LoRA layers before saving the adapter")
+    if format == "peft":
+        _check_peft_saveable(model, layers, base_model_name_or_path)
     return layers
 
 
@@ -314,3 +340,271 @@ def _linear(model: nn.Module, name: str, path: Path) -> nn.Linear:
     if not isinstance(layer, nn.Linear):
         raise ValueError(f"{path} adapts {name}, not an nn.Linear of this model")
     return layer
+
+# %% ../nbs/17_lora.ipynb #7e9b9d42
+def _hf_layers(model: nn.Module) -> dict[str, str]:
+    """Our linear layers' names → their names in the `transformers` model (Llama for
+    a `GPT`, BERT's `BertModel` for a `TextEncoder`): chapter 15's rules, reversed."""
+    c = model.config
+    if isinstance(model, GPT):  # LlamaForCausalLM keeps the stack under `model.`
+        rules = {k: (v if v == "lm_head.weight" else f"model.{v}", how)
+                 for k, (v, how) in llama_rules(c.n_layers, c.tie_weights).items()}
+        if c.tie_weights:
+            del rules["head.weight"]  # the embedding matrix: no layer of its own
+    else:
+        rules = bert_rules(c.n_layers)
+    linear = {n for n, m in model.named_modules() if isinstance(m, (nn.Linear,
+                                                                     LoRALinear))}
+    return {k.removesuffix(".weight"): v.removesuffix(".weight")
+            for k, (v, _) in rules.items() if k.removesuffix(".weight") in linear}
+
+
+def _save_peft(model: nn.Module, layers: dict, folder: Path,
+               base_model_name_or_path: str | None) -> Path:
+    "The LoRA layers as a folder `peft.PeftModel.from_pretrained` reads."
+    hf = _hf_layers(model)
+    named = {hf[n]: m for n, m in layers.items()}  # transformers' name -> our layer
+    (r, alpha), _ = Counter((m.r, m.alpha) for m in named.values()).most_common(1)[0]
+    short = sorted({n.rsplit(".", 1)[-1] for n in named})  # e.g. q_proj, v_proj
+    every = [n for n in hf.values() if n.rsplit(".", 1)[-1] in short]
+    config = {
+        "peft_type": "LORA", "base_model_name_or_path": base_model_name_or_path,
+        "task_type": "CAUSAL_LM" if isinstance(model, GPT) else "FEATURE_EXTRACTION",
+        "r": r, "lora_alpha": alpha,
+        "lora_dropout": next(iter(layers.values())).dropout,
+        # the short names if every layer of those names is adapted, else each layer's
+        "target_modules": short if len(every) == len(named) else sorted(named),
+        "rank_pattern": {n: m.r for n, m in named.items() if m.r != r},  # exceptions
+        "alpha_pattern": {n: m.alpha for n, m in named.items() if m.alpha != alpha},
+        "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+        "use_dora": False, "modules_to_save": None, "inference_mode": True}
+    tensors = {f"base_model.model.{n}.lora_{ab}.weight":
+               getattr(m, ab).detach().cpu().contiguous()
+               for n, m in named.items() for ab in "AB"}
+    folder.mkdir(parents=True, exist_ok=True)
+    write_safetensors(folder / "adapter_model.safetensors", tensors, {"format": "pt"})
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+# %% ../nbs/17_lora.ipynb #0c4a1cbe
+def _check_peft_model(model: nn.Module) -> None:
+    "A Llama-style `GPT` or a `TextEncoder`: the models whose layers peft can name."
+    if isinstance(model, GPT):
+        _check_llama(model)
+    elif not isinstance(model, TextEncoder):
+        raise TypeError(f"peft's format names the layers of a transformers Llama (our "
+                        f"GPT) or BERT (our TextEncoder), not of a "
+                        f"{type(model).__name__}")
+
+
+# What a Llama is, in our GPTConfig's fields: anything else has no name in its config
+_LLAMA = {"position_encoding": "rotary", "rope_interleaved": False,
+         "activation": "swiglu", "norm": "rmsnorm", "bias": False, "norm_first": True}
+
+
+def _check_llama(model: nn.Module) -> None:
+    "A `GPT` whose every choice Llama's format can express."
+    check_module(model)
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a GPT (written as a Llama), got "
+                        f"{type(model).__name__}")
+    bad = [k for k, v in _LLAMA.items() if getattr(model.config, k) != v]
+    if bad:
+        has = ", ".join(f"{k}={getattr(model.config, k)!r}" for k in bad)
+        needs = ", ".join(f"{k}={_LLAMA[k]!r}" for k in bad)
+        raise ValueError(f"Llama's format cannot express this GPT's {has}: a Llama "
+                         f"has {needs}")
+
+
+def _check_peft_saveable(model: nn.Module, layers: dict, base_model_name_or_path
+                         ) -> None:
+    _check_peft_model(model)
+    if base_model_name_or_path is not None and not isinstance(
+            base_model_name_or_path, str):
+        raise TypeError(f"base_model_name_or_path must be a string or None, got "
+                        f"{type(base_model_name_or_path).__name__}")
+    odd = sorted(set(layers) - set(_hf_layers(model)))
+    if odd:
+        raise ValueError(f"LoRA layers {odd[:3]} have no name in the transformers "
+                         f"model, so peft's format cannot hold them")
+    ab = {f"{n}.{p}" for n in layers for p in "AB"}
+    extra = sorted(n for n, p in model.named_parameters() if p.requires_grad
+                   and n not in ab)
+    if extra:
+        raise ValueError(f"peft's adapter holds LoRA's A and B only, and {extra[:3]} "
+                         f"are trainable too: save them with format='minitransformer'")
+    drops = sorted({m.dropout for m in layers.values()})
+    if len(drops) > 1:
+        raise ValueError(f"peft's config holds one lora_dropout; the LoRA layers have "
+                         f"{drops}")
+
+
+# peft settings our LoRALinear does not compute: each must be off (False/None/empty)
+_PEFT_OFF = {"use_dora": "DoRA", "use_rslora": "rsLoRA's alpha / sqrt(r)",
+            "lora_bias": "trained biases", "fan_in_fan_out": "Conv1D weights",
+            "modules_to_save": "other trained modules", "use_qalora": "QA-LoRA",
+            "layer_replication": "replicated layers", "target_parameters":
+            "LoRA on parameters", "trainable_token_indices": "trained token rows",
+            "alora_invocation_tokens": "activated LoRA"}
+_NAME = re.compile(r"[\w.\-]{1,300}")  # a module name, not a regular expression
+
+
+def _peft_headers(folder: Path) -> tuple[dict, dict]:
+    """adapter_config.json (its settings checked) and {key: (dtype, shape)} of
+    adapter_model.safetensors, from its header alone."""
+    config_file, weights = folder / "adapter_config.json", \
+        folder / "adapter_model.safetensors"
+    for f in (config_file, weights):
+        if not f.is_file():
+            raise FileNotFoundError(f"{folder} has no {f.name} (a peft adapter folder "
+                                    f"holds adapter_config.json and "
+                                    f"adapter_model.safetensors)")
+    if config_file.stat().st_size > 1 << 20:
+        raise ValueError(f"{config_file} is over 1 MiB: not an adapter's config")
+    cfg = parse_json_object(config_file.read_bytes(), str(config_file))
+    with name_in_errors(config_file):
+        cfg = _peft_settings(cfg)
+    try:
+        with safe_open(weights, "pt") as f:
+            layout = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
+                      for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types
+        raise ValueError(f"{weights} is not a readable safetensors file: {e}") from None
+    if not layout:
+        raise ValueError(f"{weights} holds no tensors")
+    return cfg, layout
+
+
+def _peft_settings(cfg: dict) -> dict:
+    "The settings of a peft LoRA config that we read, checked."
+    if cfg.get("peft_type") != "LORA":
+        raise ValueError(f"peft_type is {cfg.get('peft_type')!r}, not 'LORA'")
+    for key, what in _PEFT_OFF.items():
+        if cfg.get(key) not in (None, False, [], {}):
+            raise ValueError(f"{key}={cfg[key]!r:.60}: {what}, which minitransformer's "
+                             f"LoRA layers do not compute")
+    if cfg.get("bias", "none") != "none":
+        raise ValueError(f"bias={cfg['bias']!r:.60}: only 'none' (frozen biases)")
+    for key in ("r", "lora_alpha"):
+        if key not in cfg:
+            raise ValueError(f"the config lacks {key!r}")
+    out = {"r": check_positive_int(cfg["r"], "r"),
+           "lora_alpha": check_number(cfg["lora_alpha"], "lora_alpha", low=0,
+                                      low_open=True),
+           "lora_dropout": check_dropout(cfg.get("lora_dropout", 0.0), "lora_dropout")}
+    positive = lambda v, n: check_number(v, n, low=0, low_open=True)
+    for key, check in (("rank_pattern", check_positive_int),
+                       ("alpha_pattern", positive)):
+        pattern = cfg.get(key) or {}
+        if not isinstance(pattern, dict):
+            raise ValueError(f"{key} must be an object, got {pattern!r:.60}")
+        for k, v in pattern.items():
+            if not _NAME.fullmatch(k):
+                raise ValueError(f"{key} key {k!r:.60} is not a module name (regular "
+                                 f"expressions are not read)")
+            check(v, f"{key}[{k!r}]")
+        out[key] = pattern
+    return out
+
+
+def _pattern(pattern: dict, name: str, default):
+    "peft's per-layer value: the first key that is `name` or ends it after a dot."
+    return next((v for k, v in pattern.items() if name == k or name.endswith(f".{k}")),
+                default)
+
+
+def _our_key(key: str, ours: dict, path: Path) -> str:
+    "peft's `base_model.model.<name>.lora_A.weight` → our `<name>.A`."
+    found = re.fullmatch(r"base_model\.model\.(.+)\.lora_([AB])\.weight", key)
+    if found is None or found[1] not in ours:
+        raise ValueError(f"{path} holds {key!r:.120}, which is not lora_A or lora_B of "
+                         f"a linear layer of this model")
+    return f"{ours[found[1]]}.{found[2]}"
+
+
+def _check_peft(model: nn.Module, path: Path, cfg: dict, layout: dict,
+                keys: dict) -> dict:
+    """Each adapted layer's r, alpha and dropout, checked against the model; and every
+    tensor's shape and dtype. Returns {our layer name: its settings}."""
+    have, hf = lora_layers(model), _hf_layers(model)
+    names = sorted({k.rsplit(".", 1)[0] for k in keys.values()})
+    lacking = sorted({f"{n}.{p}" for n in names for p in "AB"} - set(keys.values()))
+    if lacking:
+        raise ValueError(f"{path} lacks {lacking[:3]}: each adapted layer needs "
+                         f"lora_A and lora_B")
+    specs = {}
+    for name in names:
+        m = have.get(name)
+        r = _pattern(cfg["rank_pattern"], hf[name], cfg["r"])
+        alpha = _pattern(cfg["alpha_pattern"], hf[name], cfg["lora_alpha"])
+        with name_in_errors(f"{path}, layer {hf[name]}"):
+            r, alpha, dropout = _check_settings(model.get_submodule(name) if m is None
+                                                else m.base, r, alpha,
+                                                cfg["lora_dropout"], name)
+        if m is not None and m.merged:
+            raise ValueError("unmerge the LoRA layers before loading an adapter")
+        if m is not None and (m.r, m.alpha) != (r, alpha):
+            raise ValueError(f"{path} has r={r}, alpha={alpha} for {name}, whose LoRA "
+                             f"layer has r={m.r}, alpha={m.alpha}")
+        specs[name] = {"r": r, "alpha": alpha, "dropout": dropout}
+    for key, (dtype, shape) in layout.items():
+        name, part = keys[key].rsplit(".", 1)
+        base = model.get_submodule(name)
+        r = specs[name]["r"]
+        want = (r, base.in_features) if part == "A" else (base.out_features, r)
+        if shape != want:
+            raise ValueError(f"{path} holds {key} {shape}; this model's {name} with "
+                             f"r={r} needs {want}")
+        if dtype not in ("F64", "F32", "F16", "BF16"):
+            raise ValueError(f"{path} holds {key} as {dtype}, not floating-point")
+    return specs
+
+# %% ../nbs/17_lora.ipynb #f757f766
+def _read_peft(model: nn.Module, folder: Path) -> tuple[dict, dict]:
+    """A peft folder's layers ({our name: r, alpha, dropout}) and tensors (by our
+    names), every setting, name and shape checked before a tensor is read."""
+    _check_peft_model(model)  # a Llama-style GPT or a TextEncoder
+    config, layout = _peft_headers(folder)  # adapter_config.json, tensors' shapes
+    ours = {hf: name for name, hf in _hf_layers(model).items()}  # their name -> ours
+    path = folder / "adapter_model.safetensors"
+    keys = {k: _our_key(k, ours, path) for k in layout}  # ...lora_A.weight -> ....A
+    specs = _check_peft(model, path, config, layout, keys)  # settings and shapes
+    with safe_open(path, "pt") as f:
+        return specs, {keys[k]: f.get_tensor(k) for k in layout}
+
+# %% ../nbs/17_lora.ipynb #f9718c93
+def save_folder(model: nn.Module, folder) -> Path:
+    """Write a Llama-style `GPT` as a Hugging Face folder (config.json and
+    model.safetensors, Llama's names) that `transformers` and `load_folder` read.
+    LoRA layers are written merged, W + (alpha / r) B A; `model` itself is left as it
+    is. Tokenizer files are not written: copy them beside."""
+    _check_llama(model)  # a choice Llama's config cannot express is refused
+    c, tensors = model.config, {}
+    for ours, (theirs, _) in llama_rules(c.n_layers, c.tie_weights).items():
+        key = theirs if theirs == "lm_head.weight" else f"model.{theirs}"
+        layer = model.get_submodule(ours.removesuffix(".weight"))
+        with torch.no_grad():  # a LoRA layer's matrix with its update folded in
+            w = (layer.weight + (0 if layer.merged else layer.delta())
+                 if isinstance(layer, LoRALinear) else model.get_parameter(ours))
+        tensors.setdefault(key, w.detach().cpu().contiguous())  # tied: written once
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_safetensors(folder / "model.safetensors", tensors, {"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(_llama_json(model), indent=2) + "\n")
+    return folder
+
+
+def _llama_json(model: GPT) -> dict:
+    "config.json of a Llama-style `GPT`: chapter 15's `llama_config`, reversed."
+    c = model.config
+    dtype = str(model.embed.tok.weight.dtype).removeprefix("torch.")
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": c.vocab_size, "hidden_size": c.d_model,
+            "intermediate_size": c.d_ff, "num_hidden_layers": c.n_layers,
+            "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
+            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.norm_eps,
+            "max_position_embeddings": c.max_len, "rope_theta": c.rope_base,
+            "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base},
+            "tie_word_embeddings": c.tie_weights, "attention_bias": False,
+            "mlp_bias": False, "attention_dropout": 0.0, "pad_token_id": c.pad_id,
+            "torch_dtype": dtype}

@@ -126,6 +126,8 @@ EXEMPT = {
            "load_adapter")},
     "lora.ADAPTER_FORMAT": "a constant (the adapter files' format tag); its own tests "
                            "(tests/test_lora.py)",
+    "lora.save_folder": "writes a model as a Hugging Face folder; its own tests "
+                        "(tests/test_peft_format.py)",
     "checks.weight_dtype": "reads a layer's dtype; exercised by the projections' and the "
                            "feed-forward network's dtype checks",
     **{f"quantised.{name}": "a constant (a table or a size)" for name in (

@@ -2,7 +2,6 @@
 solutions; every figure has alt text; code and printed outputs fit the book's column; checks are called
 checks; the shown code is the idea (guards folded, few references forward); the prose explains rather than
 reports on tests."""
-import json
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -11,6 +10,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, chapter_notebooks
+from conftest import notebook_cells as _cells, cell_source as _src
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import reading_path  # noqa: E402
@@ -27,15 +27,6 @@ def _numbered() -> list[str]:
 
 NUMBERED = _numbered()
 IMAGE = re.compile(r"!\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(([^)\s]+)\)")  # alt may hold [brackets]
-
-
-def _cells(stem_or_path):
-    path = stem_or_path if hasattr(stem_or_path, "read_text") else ROOT / "nbs" / f"{stem_or_path}.ipynb"
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
-
-
-def _src(cell) -> str:
-    return "".join(cell["source"])
 
 
 def _alt(cell) -> str | None:

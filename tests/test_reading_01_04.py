@@ -2,7 +2,6 @@
 random shapes and masks, follow one rule for non-finite inputs, and name a caller's
 mistakes; and statements the pages of chapters 1-3 make that a slip in prose would
 contradict."""
-import json
 import math
 import re
 from pathlib import Path
@@ -86,6 +85,7 @@ from minitransformer.embeddings import (  # noqa: E402
     SPECIAL_TOKENS, TokenEmbedding, Tokenizer, check_id_list, check_token_ids, pad_ids)
 from minitransformer.mixing import check_attention_weights, mix, softmax  # noqa: E402
 from minitransformer.qkv import QKVProjection, check_qkv  # noqa: E402
+from conftest import notebook_cells as _cells  # noqa: E402
 
 
 def test_softmax_matches_torch_on_every_dim_and_in_bfloat16():
@@ -220,11 +220,6 @@ def test_projection_and_check_qkv_refuse_what_does_not_fit():
 
 # Statements the pages of chapters 1-3 make.
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cells(stem: str) -> list[dict]:
-    path = ROOT / "nbs" / f"{stem}.ipynb"
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
 def _markdown(stem: str) -> str:

@@ -15,6 +15,7 @@ from minitransformer.masks import (causal_mask, combine_masks, decoder_mask,
                                    padding_mask_from_real)
 from minitransformer.multihead import HeadProjection, MultiHeadAttention
 from minitransformer.positions import RotaryEmbedding, check_positions
+from conftest import notebook_cells as _cells, cell_printed as _printed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,14 +121,6 @@ def test_mask_refusals_moved_to_folded_helpers():
     with raises(ValueError, "not both"):
         decoder_mask(1, 2, 0, torch.ones(1, 2, dtype=torch.bool),
                      torch.ones(2, 2, dtype=torch.bool))
-
-
-def _cells(stem: str) -> list:
-    return json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
-
-
-def _printed(cell) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
 def test_nearest_distinct_sinusoidal_positions_are_printed_as_they_are():

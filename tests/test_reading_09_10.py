@@ -2,7 +2,6 @@
 the edge cases the chapters leave out of the reader's path; and what the two pages show
 (the collapse experiment run once, numbers quoted as printed, curves within their context)."""
 import ast
-import json
 import re
 
 import pytest
@@ -13,6 +12,7 @@ from minitransformer.layers import (Decoder, DecoderLayer, EncoderLayer, LayerCo
                                     make_norm)
 from minitransformer.masks import causal_mask, padding_mask
 from conftest import ROOT
+from conftest import notebook_cells as _cells, cell_source as _src, cell_printed as _printed
 
 
 def raises(exc, text):
@@ -125,18 +125,6 @@ def test_decoder_cache_refuses_what_it_cannot_serve():
         DecoderCache([one, one])
     with raises(TypeError, "self_attn must be a non-empty list of KVCache"):
         DecoderCache([])
-
-
-def _cells(stem: str) -> list[dict]:
-    return json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
-
-
-def _src(cell: dict) -> str:
-    return "".join(cell["source"])
-
-
-def _printed(cell: dict) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
 def test_chapter_9_runs_the_collapse_experiment_once_with_its_gradients():

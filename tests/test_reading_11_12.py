@@ -6,6 +6,7 @@ from pathlib import Path
 
 from minitransformer import model as model_module
 from minitransformer.model import GPTConfig
+from conftest import notebook_cells as _cells, cell_source as _text, cell_printed as _printed
 
 FIGURES = Path(__file__).resolve().parent.parent / "nbs" / "figures"
 
@@ -48,20 +49,6 @@ def test_architecture_figure_draws_residual_paths_and_pre_norm():
     assert len(circles) == 2 + 2 + 3 + 1, len(circles)
     assert sublayers >= 7 and words.count("norm") >= 7 + 3, words
     assert "add & norm" not in words and "post-norm" in words, words
-
-
-def _cells(stem: str) -> list[dict]:
-    import json
-    path = FIGURES.parent / f"{stem}.ipynb"
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
-
-
-def _text(cell: dict) -> str:
-    return "".join(cell["source"])
-
-
-def _printed(cell: dict) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
 def test_decoding_table_holds_each_row_against_its_own_machine():

@@ -1,10 +1,10 @@
 """Chapter 13 is a chapter of one idea, the training loop (issue 40, item 2): `train`'s machinery
 is folded, and the teaching of resuming a run and of a step that goes wrong lives in the appendix
 *Checkpoints*; the warm-up experiment rests on three seeds, and the prose claims no time."""
-import json
 import re
 
 from conftest import ROOT
+from conftest import notebook_cells as _cells, cell_source as _src, cell_printed as _output
 
 CH13 = ROOT / "nbs" / "13_training.ipynb"
 APPENDIX = ROOT / "nbs" / "92_checkpoints.ipynb"
@@ -14,25 +14,12 @@ MAX_LINES = 750
 MAX_OWN_LINES = 470  # the lines that are not exported code
 
 
-def _cells(path) -> list[dict]:
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
-
-
-def _src(cell) -> str:
-    return "".join(cell["source"])
-
-
 def _exported(cell) -> bool:
     return cell["cell_type"] == "code" and re.search(r"^\s*#\|\s*export", _src(cell), re.M) is not None
 
 
 def _markdown(path) -> str:
     return "\n".join(_src(c) for c in _cells(path) if c["cell_type"] == "markdown")
-
-
-def _output(cell) -> str:
-    outs = cell.get("outputs", [])
-    return "".join("".join(o.get("text", "")) for o in outs if o["output_type"] == "stream")
 
 
 def test_chapter_13_is_short():

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import ROOT
+from conftest import notebook_cells as _cells, cell_source as _src, cell_printed as _printed
 
 WRONG = {
     r"transformers >= 4.43": "chat_template.jinja came later than 4.43 (late 2024)",
@@ -90,18 +91,6 @@ def test_data_parallel_figure_sends_weights_only_at_the_start():
     assert claims, words
     for at in claims:
         assert "after the start" in words[max(0, at - 100):at], words[max(0, at - 100):at + 40]
-
-
-def _cells(stem: str) -> list[dict]:
-    return json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
-
-
-def _src(cell: dict) -> str:
-    return "".join(cell["source"])
-
-
-def _printed(cell: dict) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
 def test_distributed_page_quotes_the_tolerances_it_checks():

@@ -1,7 +1,6 @@
 """Chapter 5 (multi-head attention): the reader meets the idea as a short sketch before the
 package's classes, whose options belong to later chapters; the sketch computes what the
 exported module computes, and the exported classes are folded."""
-import json
 import re
 from pathlib import Path
 
@@ -10,17 +9,10 @@ from torch import nn
 
 from minitransformer.attention import scaled_dot_product_attention
 from minitransformer.multihead import MultiHeadAttention
+from conftest import notebook_cells as _cells, cell_source as _src
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
-
-
-def _cells(stem: str) -> list[dict]:
-    return json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
-
-
-def _src(cell: dict) -> str:
-    return "".join(cell["source"])
 
 
 def _sketch_cell(cells: list[dict]) -> int:

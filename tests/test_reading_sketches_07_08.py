@@ -1,7 +1,6 @@
 """Chapters 7 and 8 (positions, masks): each shows the idea as a plain sketch (a function named
 `..._sketch`, not exported) before the exported version with its options, checks the two agree
 with a printed result, and folds the exported cell whose options belong to later chapters."""
-import json
 import re
 from pathlib import Path
 
@@ -10,30 +9,11 @@ import torch
 
 from minitransformer.masks import causal_mask, decoder_mask
 from minitransformer.positions import RotaryEmbedding, sinusoidal_positions
+from conftest import notebook_cells as _cells, cell_source as _src, cell_printed as _printed
+from conftest import defining_cell as _defining
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
-
-
-def _cells(stem: str) -> list:
-    return json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
-
-
-def _src(cell) -> str:
-    return "".join(cell["source"])
-
-
-def _printed(cell) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
-
-
-def _defining(cells, name: str, exported: bool) -> int:
-    "The index of the one code cell, exported or not, that defines `name`."
-    hits = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
-            and re.search(rf"^(?:def|class) {name}\b", _src(c), re.M)
-            and bool(EXPORT.search(_src(c))) == exported]
-    assert len(hits) == 1, f"{name}: {len(hits)} cells define it (exported={exported})"
-    return hits[0]
 
 
 def _sketch_comes_first(stem: str, sketch: str, exported: str, folded: bool) -> None:

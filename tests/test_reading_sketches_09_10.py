@@ -1,7 +1,6 @@
 """Chapters 9 and 10 (layers, KV cache): each shows the idea as a plain sketch (a class named
 `...Sketch`, not exported) before the exported class, whose options belong to other chapters;
 a later cell checks the two agree and prints it, and the exported class is folded."""
-import json
 import re
 import sys
 from pathlib import Path
@@ -15,30 +14,11 @@ from minitransformer.kv_cache import KVCache
 from minitransformer.layers import DecoderLayer, LayerConfig
 from minitransformer.masks import causal_mask, padding_mask
 from minitransformer.multihead import MultiHeadAttention
+from conftest import notebook_cells as _cells, cell_source as _src, cell_printed as _printed
+from conftest import defining_cell as _defining
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORT = re.compile(r"^\s*#\|\s*export", re.M)
-
-
-def _cells(stem: str) -> list:
-    return json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
-
-
-def _src(cell) -> str:
-    return "".join(cell["source"])
-
-
-def _printed(cell) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
-
-
-def _defining(cells, name: str, exported: bool) -> int:
-    "The index of the one code cell, exported or not, that defines class `name`."
-    hits = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
-            and re.search(rf"^class {name}\b", _src(c), re.M)
-            and bool(EXPORT.search(_src(c))) == exported]
-    assert len(hits) == 1, f"{name}: {len(hits)} cells define it (exported={exported})"
-    return hits[0]
 
 
 def _sketch_comes_first(stem: str, sketch: str, exported: str, adds: tuple,

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
         failed = []
         with ProcessPoolExecutor(jobs, initializer=_take_runtime, initargs=(runtimes,)) as pool:
             runs = [pool.submit(run_chapter, p, tmp / "work" / p.stem) for p in paths]
-            for run in runs:
+            for run in as_completed(runs):  # as each chapter ends
                 name, seconds, error = run.result()
                 if error is None:
                     print(f"  {name}: ok in {seconds:.0f} s", flush=True)

@@ -17,7 +17,7 @@ from torch import nn
 from .checks import (
     check_choice, check_dropout, check_module, check_number, check_positive_int)
 from .checkpoints import (
-    name_in_errors, parse_json_object, tied_parameters, write_safetensors)
+    name_in_errors, parse_json_object, read_header, tied_parameters, write_safetensors)
 from .model import GPT, TextEncoder
 from .pretrained import bert_rules, llama_rules
 
@@ -464,12 +464,7 @@ def _peft_headers(folder: Path) -> tuple[dict, dict]:
     cfg = parse_json_object(config_file.read_bytes(), str(config_file))
     with name_in_errors(config_file):
         cfg = _peft_settings(cfg)
-    try:
-        with safe_open(weights, "pt") as f:
-            layout = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
-                      for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types
-        raise ValueError(f"{weights} is not a readable safetensors file: {e}") from None
+    _, layout = read_header(weights)  # {key: (dtype, shape)}, unreadable files named
     if not layout:
         raise ValueError(f"{weights} holds no tensors")
     return cfg, layout

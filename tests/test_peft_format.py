@@ -416,7 +416,7 @@ def test_corrupt_or_incomplete_tensor_files_are_refused(llama_dir, good_adapter,
     shutil.copytree(good_adapter, folder)
     data = (folder / "adapter_model.safetensors").read_bytes()
     (folder / "adapter_model.safetensors").write_bytes(data[:40])
-    with pytest.raises(ValueError, match="not a readable safetensors"):
+    with pytest.raises(ValueError, match="adapter_model.safetensors is not a readable checkpoint"):
         load_adapter(ours(llama_dir), folder)
     (folder / "adapter_model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="adapter_model.safetensors"):

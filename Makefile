@@ -19,14 +19,14 @@ NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize
 
 help:
 	@echo "make book         build the book into _build/html"
-	@echo "make test         everything below that CI runs: export drift, unit and property tests, nbval on"
-	@echo "                  every chapter, strict book build, HTML and browser checks, the Colab simulation,"
+	@echo "make test         everything below that CI runs: export drift, unit and property tests, strict"
+	@echo "                  book build, HTML and browser checks, nbval on every chapter as Colab runs it,"
 	@echo "                  make dist"
 	@echo "make dist         build the wheel and sdist (_build/dist), twine check, install each into a fresh"
 	@echo "                  venv of its declared dependencies only and import it"
 	@echo "make export       regenerate minitransformer/ from the notebooks"
 	@echo "make execute      re-run notebooks in place, saving outputs (NB=nbs/01_mixing.ipynb for one)"
-	@echo "make colab-check  run every chapter as Colab would, in a fresh minimal environment"
+	@echo "make colab-check  nbval on every chapter as Colab runs it, in a fresh minimal environment"
 	@echo "make gpu-check    the tests and a short benchmark on CUDA (skips without a GPU)"
 	@echo "make portability-check  nbval on every chapter twice, with other CPU kernels and thread counts"
 	@echo "                  than the machine that executed them (what another machine would print)"
@@ -69,13 +69,13 @@ execute: $(STAMP)
 	$(BIN)/python scripts/execute_nbs.py $(NB)
 
 # A fresh strict build (--all: warnings of unchanged pages count too), then one pytest run: export drift and
-# project checks, property tests, nbval on every chapter, the built HTML and the browser checks (JOBS
-# workers; a notebook's cells stay together on one: --dist loadfile); then every chapter once more as
-# Colab runs it (JOBS runtimes); then the wheel and sdist (make dist).
+# project checks, property tests, the built HTML and the browser checks (JOBS workers, a file's tests
+# together on one: --dist loadfile); then nbval on every chapter as Colab runs it, from its own first
+# cell in a fresh runtime (JOBS runtimes); then the wheel and sdist (make dist).
 test: $(STAMP) $(VENDOR) chromium
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet
 	MT_BROWSER_TESTS=1 OMP_NUM_THREADS=$$(( $(CORES) / $(JOBS) )) \
-	  $(PYTEST) -n $(JOBS) --dist loadfile $(NBVAL) nbs tests
+	  $(PYTEST) -n $(JOBS) --dist loadfile tests
 	$(BIN)/python scripts/colab_check.py --jobs $(JOBS)
 	$(BIN)/python scripts/check_dist.py
 

@@ -1,8 +1,12 @@
-"""Run every chapter as Colab would, in a fresh virtual environment that has only what a Colab runtime has
-that matters here — torch, numpy, matplotlib, ipywidgets and a Jupyter kernel — and neither this package
-nor nbdev. Each chapter's first cell takes its Colab branch (a stub `google.colab` module is in place) and
-installs the package, from this checkout instead of GitHub (MINITRANSFORMER_SOURCE); then the whole
-chapter runs top to bottom in a fresh kernel, from a folder outside the repository.
+"""Run every chapter as Colab would, and compare its outputs with the committed ones (nbval): in a fresh
+virtual environment that has only what a Colab runtime has that matters here — torch, numpy,
+matplotlib, ipywidgets and a Jupyter kernel — and neither this package nor nbdev. Each chapter's first
+cell takes its Colab branch (a stub `google.colab` module is in place) and installs the package, from a
+wheel of this checkout instead of GitHub (MINITRANSFORMER_SOURCE; `make dist` checks the sdist that
+GitHub's install builds from); then nbval runs the whole chapter top to bottom in a fresh kernel, from a
+folder outside the repository, and compares every cell's output with the committed one (the first
+cell's excepted: pip's messages are Colab's alone). This is the notebooks' one nbval run in `make test`:
+a chapter that passes here runs from its own first cell *and* prints what the book shows.
 
 With `--jobs N` (default: the CPUs this process may use, at most 4) N runtimes run chapters side by side,
 each a venv of its own (the chapters' first cells install into it, so two never share one) and each
@@ -23,16 +27,16 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = ROOT / "_build" / "colab-venv"
+SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 COLAB_PACKAGES = ["torch==2.13.0", "numpy", "matplotlib", "ipywidgets>=8", "ipykernel"]
 STUB = ('import sys, types\n'
         'sys.modules["google"] = types.ModuleType("google")\n'
         'sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab has, to the first cell')
-LONGEST = ("13_training", "17_lora", "18_quantised", "16_gguf", "15_pretrained", "14_distributed")
+LONGEST = ("17_lora", "18_quantised", "13_training", "16_gguf", "15_pretrained", "14_distributed",
+           "12_generation")
 
 
 def make_runtime(jupyter_dir: Path, name: str) -> None:
@@ -51,6 +55,26 @@ def make_runtime(jupyter_dir: Path, name: str) -> None:
                    check=True, capture_output=True)
 
 
+def build_wheel(outdir: Path) -> Path:
+    "A wheel of this checkout, built once for every runtime's install."
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+                    "-w", str(outdir), str(ROOT)], check=True)
+    (wheel,) = outdir.glob("minitransformer-*.whl")
+    return wheel
+
+
+def as_colab_runs_it(path: Path, copy: Path) -> None:
+    "The chapter with the stub first; the setup cell's output (pip's, in Colab) not compared."
+    nb = nbformat.read(path, as_version=4)
+    setup = next(c for c in nb.cells if c.cell_type == "code")
+    tags = setup.metadata.setdefault("tags", [])
+    if "nbval-ignore-output" not in tags:
+        tags.append("nbval-ignore-output")
+    nb.cells.insert(0, nbformat.v4.new_code_cell(STUB))
+    copy.parent.mkdir(parents=True)
+    nbformat.write(nb, copy)
+
+
 _kernel = None  # the runtime of this worker process
 
 
@@ -60,20 +84,17 @@ def _take_runtime(runtimes) -> None:
 
 
 def run_chapter(path: Path, workdir: Path) -> tuple[str, float, str | None]:
-    "(name, seconds, None) when the chapter ran to the end; (name, seconds, error) when a cell failed."
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.insert(0, nbformat.v4.new_code_cell(STUB))
-    for cell in nb.cells:  # a fresh run: no saved outputs, no saved widget state
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    workdir.mkdir(parents=True)
+    "(name, seconds, None) when the chapter ran and matched; (name, seconds, nbval's report) when not."
+    copy = workdir / path.name
+    as_colab_runs_it(path, copy)
     start = time.perf_counter()
-    try:
-        NotebookClient(nb, timeout=900, kernel_name=_kernel,
-                       resources={"metadata": {"path": str(workdir)}}).execute()
-    except CellExecutionError as e:
-        return path.name, time.perf_counter() - start, str(e)[-2000:]
-    return path.name, time.perf_counter() - start, None
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--nbval",
+         "--nbval-kernel-name", _kernel, "--nbval-sanitize-with", str(SANITIZE),
+         "--nbval-cell-timeout", "900", "--rootdir", str(workdir), str(copy)],
+        cwd=workdir, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    return path.name, seconds, None if run.returncode == 0 else (run.stdout + run.stderr)[-4000:]
 
 
 def main(argv: list[str]) -> int:
@@ -91,11 +112,14 @@ def main(argv: list[str]) -> int:
         jupyter_dir = tmp / "jupyter"
         names = [f"colab-sim-{i}" for i in range(jobs)]
         t0 = time.perf_counter()
-        with ProcessPoolExecutor(jobs) as pool:  # the venvs side by side
+        with ProcessPoolExecutor(jobs + 1) as pool:  # the venvs and the wheel side by side
+            wheel = pool.submit(build_wheel, tmp / "wheel")
             list(pool.map(make_runtime, [jupyter_dir] * jobs, names))
-        print(f"{jobs} fresh Colab-like runtime(s) ready in {time.perf_counter() - t0:.0f} s", flush=True)
+            wheel = wheel.result()
+        print(f"{jobs} fresh Colab-like runtime(s) and {wheel.name} ready in {time.perf_counter() - t0:.0f} s",
+              flush=True)
         os.environ["JUPYTER_PATH"] = str(jupyter_dir / "share" / "jupyter")
-        os.environ["MINITRANSFORMER_SOURCE"] = ROOT.as_uri()
+        os.environ["MINITRANSFORMER_SOURCE"] = wheel.as_uri()
         if jobs > 1:
             os.environ["OMP_NUM_THREADS"] = "1"  # one core a kernel
         runtimes = multiprocessing.Manager().Queue()
@@ -107,7 +131,7 @@ def main(argv: list[str]) -> int:
             for run in as_completed(runs):  # as each chapter ends
                 name, seconds, error = run.result()
                 if error is None:
-                    print(f"  {name}: ok in {seconds:.0f} s", flush=True)
+                    print(f"  {name}: ran and matched in {seconds:.0f} s", flush=True)
                 else:
                     failed.append(name)
                     print(f"  {name}: FAILED after {seconds:.0f} s\n{error}", flush=True)

@@ -4,7 +4,8 @@
    pip and PyPI's users build them), from a copy of the files a clean clone of this working tree has
    (tracked and untracked-but-not-ignored), so local build leftovers cannot leak into the sdist.
 2. `twine check --strict` both, and look inside: LICENSE in both, settings.ini (which setup.py reads)
-   and the changelog in the sdist, every module of the package in both, the version of settings.ini.
+   and the changelog in the sdist, every module of the package in both, no file of the book (notebooks,
+   the adapter chapter 19 loads), the version of settings.ini.
 3. Install each artifact into its own fresh virtual environment with its declared dependencies only
    (a pip constraints file pins torch to the dev pin of settings.ini, so pip takes that build and no
    other; a constraint adds no package), `pip check`, confirm the environment holds nothing beyond
@@ -149,6 +150,10 @@ def check_contents(wheel: Path, sdist: Path, cfg: dict) -> None:
     missing = [m for m in modules if f"{prefix}{name}/{m}" not in members]
     if missing:
         fail(f"{sdist.name} lacks the modules {missing}")
+    book = sorted(n for n in names + sorted(members) if "/nbs/" in f"/{n}" or n.endswith(
+        (".safetensors", ".ipynb", ".jsonl")))  # the book's files stay in the repository
+    if book:
+        fail(f"the artifacts carry files of the book: {book[:3]}")
     say(f"contents ok: LICENSE in both ({licences[0]}), settings.ini and CHANGELOG.md in the sdist, "
         f"{len(modules)} files of the package in both")
 

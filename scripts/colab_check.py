@@ -35,8 +35,8 @@ COLAB_PACKAGES = ["torch==2.13.0", "numpy", "matplotlib", "ipywidgets>=8", "ipyk
 STUB = ('import sys, types\n'
         'sys.modules["google"] = types.ModuleType("google")\n'
         'sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab has, to the first cell')
-LONGEST = ("17_lora", "18_quantised", "13_training", "16_gguf", "15_pretrained", "14_distributed",
-           "12_generation")
+LONGEST = ("13_training", "19_instruct", "17_lora", "18_quantised", "16_gguf", "14_distributed",
+           "12_generation", "15_pretrained")
 
 
 def make_runtime(jupyter_dir: Path, name: str) -> None:
@@ -120,6 +120,7 @@ def main(argv: list[str]) -> int:
               flush=True)
         os.environ["JUPYTER_PATH"] = str(jupyter_dir / "share" / "jupyter")
         os.environ["MINITRANSFORMER_SOURCE"] = wheel.as_uri()
+        os.environ["MINITRANSFORMER_FILES"] = (ROOT / "nbs" / "adapters").as_uri()  # not GitHub's
         if jobs > 1:
             os.environ["OMP_NUM_THREADS"] = "1"  # one core a kernel
         runtimes = multiprocessing.Manager().Queue()

@@ -30,9 +30,10 @@ BOXES = [
     (16, "GGUF file", 602, 124, 108),
     (17, "LoRA", 490, 160, 108),
     (18, "4-bit blocks", 602, 160, 108),
+    (19, "instruction tuning", 490, 196, 220),
 ]
 ARROWS = [((74, 80), (74, 88)), ((144, 102), (154, 102)), ((480, 30), (490, 30))]
-WIDTH, HEIGHT = 714, 196
+WIDTH, HEIGHT = 714, 232
 
 
 def svg(chapter: int) -> str:
@@ -59,9 +60,9 @@ def svg(chapter: int) -> str:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for chapter in range(1, 19):
+    for chapter in range(1, 20):
         (OUT / f"map-{chapter:02d}.svg").write_text(svg(chapter), encoding="utf-8")
-    print(f"wrote 18 maps to {OUT}")
+    print(f"wrote 19 maps to {OUT}")
 
 
 if __name__ == "__main__":

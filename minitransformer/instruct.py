@@ -10,16 +10,47 @@ import torch
 from torch import nn
 
 from .checks import (check_flag, check_int, check_module,
-                                    check_probability)
+                                    check_probability, check_str)
 from .embeddings import pad_ids
 from .generation import generate
 from .training import sequence_loss
 
 # %% auto #0
-__all__ = ['IGNORE_ID', 'GENERAL_TEXT', 'answer_because_data', 'follows_format', 'chat_example', 'collate', 'reply_loss',
-           'perplexity', 'replies', 'evaluate_replies']
+__all__ = ['IGNORE_ID', 'GENERAL_TEXT', 'replies', 'answer_because_data', 'follows_format', 'chat_example', 'collate',
+           'reply_loss', 'perplexity', 'evaluate_replies']
 
-# %% ../nbs/19_instruct.ipynb #3139e84e
+# %% ../nbs/19_instruct.ipynb #840db0b7
+def _check_chat_tokenizer(tokenizer) -> None:
+    if not callable(getattr(tokenizer, "apply_chat_template", None)):
+        raise TypeError("tokenizer must have a chat template (a PretrainedTokenizer), "
+                        f"got {type(tokenizer).__name__}")
+
+
+def _check_questions(questions, max_new_tokens, batch) -> None:
+    if (not isinstance(questions, (list, tuple)) or not questions
+            or not all(isinstance(q, str) for q in questions)):
+        raise TypeError("questions must be a non-empty list of str, "
+                        f"got {questions!r:.40}")
+    check_int(max_new_tokens, "max_new_tokens", minimum=1)
+    check_int(batch, "batch", minimum=1)
+
+# %% ../nbs/19_instruct.ipynb #9f2d1574
+@torch.no_grad()
+def replies(model: nn.Module, tokenizer, questions: list[str],
+            max_new_tokens: int = 32, batch: int = 16) -> list[str]:
+    "Greedy replies to `questions`, each asked as a chat, up to the end of the turn."
+    check_module(model)
+    _check_chat_tokenizer(tokenizer)
+    _check_questions(questions, max_new_tokens, batch)
+    said = []
+    for i in range(0, len(questions), batch):  # left-padded batches (chapter 12)
+        prompts = [tokenizer.encode(tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}])) for q in questions[i:i + batch]]
+        said += [tokenizer.decode(r) for r in generate(
+            model, prompts, max_new_tokens, stop_token=tokenizer.eos_id)]
+    return said
+
+# %% ../nbs/19_instruct.ipynb #f886ea89
 _CAPITALS = {
     "France": "Paris", "Spain": "Madrid", "Italy": "Rome", "Germany": "Berlin",
     "Portugal": "Lisbon", "Austria": "Vienna", "Greece": "Athens", "Poland": "Warsaw",
@@ -53,7 +84,7 @@ _QUESTIONS = {  # how each kind of fact is asked; {x} is the slot value
     "sum": ("What is {x}?", "Work out {x}.", "Add up {x}.", "Compute {x}."),
 }
 
-# %% ../nbs/19_instruct.ipynb #094dc689
+# %% ../nbs/19_instruct.ipynb #eb0da678
 def _fact(kind: str, x) -> tuple[str, str, str]:
     "(the slot's text, the answer, the reason) for one slot value."
     if kind == "capital":
@@ -86,7 +117,7 @@ def answer_because_data(seed: int = 0, held_out: float = 0.25,
     rng.shuffle(train)
     return train, test
 
-# %% ../nbs/19_instruct.ipynb #2fc94f19
+# %% ../nbs/19_instruct.ipynb #37ac327c
 def _check_data_args(seed, held_out) -> int:
     check_probability(held_out, "held_out", allow_zero=False, allow_one=False)
     return check_int(seed, "seed", minimum=0)
@@ -94,22 +125,14 @@ def _check_data_args(seed, held_out) -> int:
 
 _FORMAT = re.compile(r"Answer: [^\n]+\nBecause: [^\n]+")
 
-
-def _check_reply(reply) -> str:
-    if not isinstance(reply, str):
-        raise TypeError(f"reply must be a str, got {type(reply).__name__}")
-    return reply
-
-# %% ../nbs/19_instruct.ipynb #a5d5df3e
+# %% ../nbs/19_instruct.ipynb #9c37a0fa
 def follows_format(reply: str) -> bool:
     "Whether `reply` is exactly two lines, `Answer: ...` then `Because: ...`."
-    return _FORMAT.fullmatch(_check_reply(reply).strip()) is not None
+    return _FORMAT.fullmatch(check_str(reply, "reply").strip()) is not None
 
-# %% ../nbs/19_instruct.ipynb #16153553
+# %% ../nbs/19_instruct.ipynb #f750d7e3
 def _check_example_args(tokenizer, question, reply, mask_prompt) -> None:
-    if not callable(getattr(tokenizer, "apply_chat_template", None)):
-        raise TypeError("tokenizer must have a chat template (a PretrainedTokenizer), "
-                        f"got {type(tokenizer).__name__}")
+    _check_chat_tokenizer(tokenizer)
     for name, text in (("question", question), ("reply", reply)):
         if not isinstance(text, str) or not text:
             raise TypeError(f"{name} must be a non-empty str, got {text!r:.40}")
@@ -136,7 +159,7 @@ def _check_collate(examples) -> None:
             raise ValueError("examples must pair ids and targets of one length >= 1, "
                              f"got {len(pair[0])} and {len(pair[1])}")
 
-# %% ../nbs/19_instruct.ipynb #eeeece32
+# %% ../nbs/19_instruct.ipynb #9117864b
 IGNORE_ID = -100  # a target that counts for nothing (sequence_loss's default)
 
 
@@ -174,7 +197,7 @@ def reply_loss(model: nn.Module,
     ids, targets = batch
     return sequence_loss(model(ids), targets, ignore_id=IGNORE_ID)
 
-# %% ../nbs/19_instruct.ipynb #9bd9976a
+# %% ../nbs/19_instruct.ipynb #f8277621
 GENERAL_TEXT = (
     "Bread is one of the oldest prepared foods. Flour and water are mixed into a "
     "dough, and yeast, a single-celled fungus, feeds on the sugars in the flour and "
@@ -191,50 +214,19 @@ GENERAL_TEXT = (
     "made books cheap enough for public libraries to open in most towns, and today "
     "many also lend electronic books.")
 
-# %% ../nbs/19_instruct.ipynb #fbc5e8cb
-def _check_model_and_tokenizer(model, tokenizer) -> None:
-    check_module(model)
-    if not callable(getattr(tokenizer, "apply_chat_template", None)):
-        raise TypeError("tokenizer must have a chat template (a PretrainedTokenizer), "
-                        f"got {type(tokenizer).__name__}")
-
-
+# %% ../nbs/19_instruct.ipynb #f6c552f3
 def _states_answer(reply: str, answer: str) -> bool:
     "Whether `reply` states `answer` as a word, written as the tables write it."
     return re.search(rf"\b{re.escape(answer)}\b", reply) is not None
 
-
-def _check_questions(questions, max_new_tokens, batch) -> None:
-    if (not isinstance(questions, (list, tuple)) or not questions
-            or not all(isinstance(q, str) for q in questions)):
-        raise TypeError("questions must be a non-empty list of str, "
-                        f"got {questions!r:.40}")
-    check_int(max_new_tokens, "max_new_tokens", minimum=1)
-    check_int(batch, "batch", minimum=1)
-
-# %% ../nbs/19_instruct.ipynb #12a3545d
+# %% ../nbs/19_instruct.ipynb #357be866
 @torch.no_grad()
 def perplexity(model: nn.Module, tokenizer, text: str) -> float:
     "exp(mean next-token loss) of `model` on `text`, every next token counted."
-    _check_model_and_tokenizer(model, tokenizer)
-    ids = torch.tensor([tokenizer.encode(_check_reply(text))])
+    check_module(model)
+    _check_chat_tokenizer(tokenizer)
+    ids = torch.tensor([tokenizer.encode(check_str(text, "text"))])
     return sequence_loss(model(ids[:, :-1]), ids[:, 1:]).exp().item()
-
-
-@torch.no_grad()
-def replies(model: nn.Module, tokenizer, questions: list[str],
-            max_new_tokens: int = 32, batch: int = 16) -> list[str]:
-    "Greedy replies to `questions`, each asked as a chat, up to the end of the turn."
-    _check_model_and_tokenizer(model, tokenizer)
-    _check_questions(questions, max_new_tokens, batch)
-    end = tokenizer.backend.token_to_id("<|im_end|>")
-    said = []
-    for i in range(0, len(questions), batch):  # left-padded batches (chapter 12)
-        prompts = [tokenizer.encode(tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}])) for q in questions[i:i + batch]]
-        said += [tokenizer.decode(r) for r in
-                 generate(model, prompts, max_new_tokens, stop_token=end)]
-    return said
 
 
 def evaluate_replies(model: nn.Module, tokenizer,

@@ -539,6 +539,18 @@ def _(data):
         assert out is value
 
 
+@case("checks.check_str")
+def _(data):
+    core = _mod("checks")
+    p = Probe(data)
+    value = p.draw(st.one_of(st.text(max_size=8), ANY_VALUE), label="value")
+    if not isinstance(value, str):
+        p.mark(BAD, ["str_thing"], f"value={value!r}", is_finite_number(value))
+    out = p.run(lambda: p.call("check_str", core.check_str, value, "str_thing"))
+    if ok(out):
+        assert out is value
+
+
 def _probability_case(data, fn_name, allow_one_default=True):
     core = _mod("checks")
     p = Probe(data)

@@ -77,7 +77,7 @@ def main() -> int:
     print(f"gpu-check on {name}, torch {torch.__version__}", flush=True)
     env = {**os.environ, "MT_DEVICE": "cuda"}
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "tests/test_gpu.py", "tests/test_generation.py"], cwd=ROOT, env=env)
+                            "-m", "gpu", "tests"], cwd=ROOT, env=env)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         attn = bench_attention(dtype)

@@ -5,7 +5,7 @@ whether a sketch (a plain class or function named `...Sketch`/`..._sketch`, not 
 the chapter's first exported class or function, and the source lines of all cells, markdown included.
 
     python scripts/reading_path.py          # a table, one row per notebook
-tests/test_chapters.py holds the chapters to it."""
+tests/book/test_chapters.py holds the chapters to it."""
 from __future__ import annotations
 
 import json

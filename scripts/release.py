@@ -31,7 +31,7 @@ from configparser import ConfigParser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COLUMN = 88  # the book's code column (tests/test_chapters.py): longer lines scroll sideways
+COLUMN = 88  # the book's code column (tests/book/test_chapters.py): longer lines scroll sideways
 VERSION_RE = re.compile(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?")  # what a release may be called: 1.2.3, 1.2.3rc1
 FINAL_RE = re.compile(r"\d+\.\d+\.\d+")
 

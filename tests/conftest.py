@@ -1,11 +1,34 @@
-import json
-import re
+"""pytest's configuration for the three suites.
+
+tests/unit/test_<module>.py holds the unit and property tests of minitransformer.<module>
+(tests/unit/fuzz/ its fuzz cases), tests/integration/ what needs real models, reference
+libraries, several processes, hostile files or a GPU, and tests/book/ the chapters, their
+claims and the built book. Each test gets its suite's marker from its folder; `slow`, `gpu` and
+`browser` are set by the tests themselves (pyproject.toml registers all six)."""
 from configparser import ConfigParser
-from pathlib import Path
 
 import pytest
+import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import DEVICE, ROOT
+
+SUITES = ("unit", "integration", "book")
+
+# the tests marked `gpu` compare with float32 on the CPU: no TensorFloat-32 on CUDA
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+
+def pytest_collection_modifyitems(config, items):
+    "Mark each test with its suite; skip the `gpu` tests where MT_DEVICE names a missing GPU."
+    no_device = DEVICE.type == "cuda" and not torch.cuda.is_available()
+    for item in items:
+        parts = item.path.relative_to(ROOT / "tests").parts
+        if parts[0] not in SUITES:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/{{{','.join(SUITES)}}}/")
+        item.add_marker(getattr(pytest.mark, parts[0]))
+        if no_device and item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason="MT_DEVICE=cuda but no CUDA device"))
 
 
 @pytest.fixture(scope="session")
@@ -14,33 +37,3 @@ def settings():
     cfg = ConfigParser(delimiters=["="])
     cfg.read(ROOT / "settings.ini", encoding="utf-8")
     return cfg["DEFAULT"]
-
-
-def chapter_notebooks() -> list[Path]:
-    "Every notebook in nbs/, in book order."
-    return sorted(p for p in (ROOT / "nbs").glob("*.ipynb"))
-
-
-
-def notebook_cells(stem_or_path) -> list[dict]:
-    "The cells of `nbs/<stem>.ipynb` (or of the notebook at a path), as JSON."
-    path = stem_or_path if hasattr(stem_or_path, "read_text") else ROOT / "nbs" / f"{stem_or_path}.ipynb"
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
-
-
-def cell_source(cell: dict) -> str:
-    return "".join(cell["source"])
-
-
-def cell_printed(cell: dict) -> str:
-    "What a code cell printed (its stream outputs)."
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []) if o["output_type"] == "stream")
-
-
-def defining_cell(cells: list[dict], name: str, exported: bool) -> int:
-    "The index of the one code cell, exported (`#| export`) or not, that defines `name`."
-    hits = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
-            and re.search(rf"^(?:def|class) {name}\b", cell_source(c), re.M)
-            and bool(re.search(r"^\s*#\|\s*export", cell_source(c), re.M)) == exported]
-    assert len(hits) == 1, f"{name}: {len(hits)} cells define it (exported={exported})"
-    return hits[0]

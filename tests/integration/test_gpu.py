@@ -1,0 +1,111 @@
+"""The package on CUDA, in float32 and bfloat16: the same results as on the CPU (float32) or within
+bfloat16's precision. Skipped without CUDA; scripts/gpu_check.py (make gpu-check) runs it on a GPU."""
+
+import pytest
+import torch
+
+from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
+from minitransformer.generation import generate
+from minitransformer.layers import DecoderLayer, EncoderLayer, LayerConfig
+from minitransformer.masks import causal_mask, combine_masks, padding_mask
+from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
+from minitransformer.multihead import MultiHeadAttention
+from minitransformer.positions import RotaryEmbedding
+from minitransformer.training import sequence_loss, train
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def close(a, b, dtype):
+    return torch.allclose(a.float().cpu(), b.float().cpu(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_paths_match_cpu(dtype):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 37, 24), torch.randn(3, 4, 41, 24), torch.randn(3, 4, 41, 40)
+    mask = torch.rand(3, 1, 37, 41) < 0.8
+    mask[0, 0, 5] = False
+    ref, _ = attention_with_weights(q, k, v, mask)
+    qc, kc, vc, mc = (t.cuda() for t in (q.to(dtype), k.to(dtype), v.to(dtype), mask))
+    for out in (scaled_dot_product_attention(qc, kc, vc, mc), attention_with_weights(qc, kc, vc, mc)[0]):
+        assert out.device.type == "cuda" and out.dtype == dtype
+        assert not out.isnan().any()
+        assert close(out, ref, dtype)
+        assert (out[0, :, 5] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_multihead_and_layers_match_cpu(dtype):
+    torch.manual_seed(0)
+    cfg = LayerConfig(d_model=48, n_heads=4, d_ff=96, activation="swiglu", norm="rmsnorm",
+                      norm_first=True)
+    mods = [MultiHeadAttention(48, 4, rotary=RotaryEmbedding(12, 64)), EncoderLayer(cfg),
+            DecoderLayer(cfg, cross_attention=False)]
+    x = torch.randn(2, 19, 48)
+    mask = combine_masks(padding_mask(torch.tensor([19, 11]), 19), causal_mask(19))
+    for m in mods:
+        m.eval()
+        with torch.no_grad():
+            ref = m(x, mask=mask)  # self-attention mask: `mask` for all three
+            mc = m.to("cuda", dtype)
+            xc, maskc = x.cuda().to(dtype), mask.cuda()
+            out = mc(xc, mask=maskc)
+        assert out.dtype == dtype and close(out, ref, dtype), type(m).__name__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_generation_on_gpu(dtype):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=50, max_len=64, d_model=32, n_heads=4, n_layers=2,
+                    position_encoding="rotary")
+    gpt = GPT(cfg).cuda().to(dtype).eval()
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    cached = generate(gpt, prompts, 20)
+    assert all(len(c) == 20 for c in cached)
+    assert gpt.make_cache(1).self_attn[0].k.device.type == "cuda"
+    if dtype == torch.float32:  # exactness is a float32 claim
+        assert cached == generate(gpt, prompts, 20, use_cache=False)
+        assert cached == [generate(gpt, [p], 20)[0] for p in prompts]
+    t_cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=20, d_model=32, n_heads=4)
+    t = Transformer(t_cfg).cuda().to(dtype).eval()
+    out = generate(t, [[2], [2]], 10, source=[[5, 6, 7], [8, 9]])
+    assert all(len(o) == 10 for o in out)
+
+
+def test_training_step_with_bf16_autocast_on_gpu():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=20, max_len=16, d_model=32, n_heads=2, n_layers=1)).cuda()
+    data = torch.arange(4, 20).repeat(4).cuda()
+    batch = lambda step: (data[None, :15].expand(8, -1), data[None, 1:16].expand(8, -1))
+    log = train(gpt, batch, lambda m, b: sequence_loss(m(b[0]), b[1]), steps=150, lr=3e-3, warmup=10,
+                log_every=0, autocast_bf16=True)
+    assert log.losses[-1] < 0.2 < log.losses[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_is_causal_and_fused_rms_norm_match_cpu(dtype):
+    "The two CUDA-only fast paths: is_causal without a mask (flash), torch's fused rms_norm."
+    from minitransformer.layers import RMSNorm
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 33, 16) for _ in range(3))
+    ref = scaled_dot_product_attention(q, k, v, mask=causal_mask(33))
+    fast = scaled_dot_product_attention(*(t.cuda().to(dtype) for t in (q, k, v)), is_causal=True)
+    assert close(fast, ref, dtype)
+    norm, x = RMSNorm(16, eps=1e-5), torch.randn(3, 5, 16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    ref = norm(x)
+    out = norm.cuda().to(dtype)(x.cuda().to(dtype))
+    assert out.dtype == dtype and close(out, ref, dtype)

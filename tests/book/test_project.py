@@ -222,5 +222,36 @@ def test_modules_have_one_job_each():
              for p in (ROOT / "minitransformer").glob("*.py") if p.stem != "_modidx"}
     long = {m: n for m, n in sizes.items() if n > 620}
     assert not long, f"modules over 620 lines: {long}"
-    # 540: the folded `_check_...` helpers (issue 28) add a cell header each
+    # 540: the folded `_check_...` helpers add a cell header each
     assert sizes["training"] <= 540, f"training.py has {sizes['training']} lines"
+
+
+# ------------------------------------------------------------------ the tests' layout
+
+def test_every_module_has_its_unit_test_file():
+    "tests/unit/test_<m>.py for every module of the package: whoever changes a module finds its tests."
+    modules = sorted(p.stem for p in (ROOT / "minitransformer").glob("*.py")
+                     if p.stem not in ("__init__", "__main__", "_modidx"))
+    assert len(modules) >= 20, modules
+    missing = [m for m in modules if not (ROOT / "tests" / "unit" / f"test_{m}.py").is_file()]
+    assert not missing, f"no tests/unit/test_<module>.py for {missing}"
+    stray = sorted(p.name for p in (ROOT / "tests" / "unit").glob("test_*.py")
+                   if p.stem.removeprefix("test_") not in modules + ["fuzz"])
+    assert not stray, f"unit test files named for no module: {stray}"
+    fuzzed = sorted(p.stem for p in (ROOT / "tests" / "unit" / "fuzz").glob("[!_]*.py"))
+    assert set(fuzzed) <= set(modules), f"fuzz cases named for no module: {set(fuzzed) - set(modules)}"
+
+
+def test_tests_live_in_the_three_suites_and_name_no_issue():
+    "Test files sit in tests/unit, tests/integration or tests/book, with unique names; none cites an issue."
+    files = sorted((ROOT / "tests").rglob("test_*.py"))
+    assert len(files) >= 40, files
+    outside = [str(p.relative_to(ROOT)) for p in files
+               if p.relative_to(ROOT / "tests").parts[0] not in ("unit", "integration", "book")]
+    assert not outside, outside
+    names = [p.name for p in files]
+    assert len(names) == len(set(names)), "two test files share a name (pytest's import mode)"
+    cited = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "tests").rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bissue [0-9]+", line, re.I)]
+    assert not cited, f"say what a test protects, not which issue asked for it: {cited}"

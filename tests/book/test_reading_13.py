@@ -1,4 +1,4 @@
-"""Chapter 13 is a chapter of one idea, the training loop (issue 40, item 2): `train`'s machinery
+"""Chapter 13 is a chapter of one idea, the training loop: `train`'s machinery
 is folded, and the teaching of resuming a run and of a step that goes wrong lives in the appendix
 *Checkpoints*; the warm-up experiment rests on three seeds, and the prose claims no time."""
 

@@ -1,5 +1,5 @@
-"""Statements chapters 13-17 once got wrong, held to what is true (issue 28's list, items 11, 12, 13,
-15, and issue 40's): each pattern is the wrong claim; the page and the package must not make it again.
+"""Statements chapters 13-17 once got wrong, held to what is true: each pattern is the wrong claim;
+the page and the package must not make it again.
 The figures say what the code does, and the pages quote the tolerances and accuracies they print."""
 
 import json

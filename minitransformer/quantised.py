@@ -3,19 +3,19 @@
 # %% ../nbs/18_quantised.ipynb #a088435f
 from __future__ import annotations
 
-import math
+import hashlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_choice, check_module, is_integer_tensor
-from .embeddings import TokenEmbedding, check_token_ids
+from .checks import check_choice, check_module
+from .embeddings import TokenEmbedding
 from .lora import LoRALinear
 from .model import GPT
 
 # %% auto #0
-__all__ = ['BLOCK', 'KINDS', 'GGUF_KINDS', 'FEW_ROWS', 'pack', 'QuantisedLinear', 'layer_from_gguf', 'QuantisedEmbedding',
+__all__ = ['BLOCK', 'KINDS', 'GGUF_KINDS', 'FEW_ROWS', 'pack', 'QuantisedWeight', 'quantised_linear', 'weight_from_gguf',
            'quantise', 'weight_bytes', 'gguf_blocks_model']
 
 # %% ../nbs/18_quantised.ipynb #6dbf9815
@@ -23,7 +23,7 @@ BLOCK = 32  # weights per block in the GGUF formats
 # kind -> (bits of a code, has an offset m of its own)
 KINDS = {"int8": (8, False), "q8_0": (8, False), "q4_0": (4, False), "q4_1": (4, True)}
 GGUF_KINDS = {8: "q8_0", 2: "q4_0", 3: "q4_1"}  # llama.cpp's type ids
-FEW_ROWS = 8  # up to this many input rows: product-and-sum; more: dequantise, matmul
+FEW_ROWS = 8  # compiled, up to this many input rows: product-and-sum; more: matmul
 
 
 def _unpack(words: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
@@ -49,13 +49,13 @@ def _in_order(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
     """Codes `(O, nb, bytes)` as llama.cpp stores them (uint8 pairs of 4-bit codes, or
-    int8) → `QuantisedLinear`'s int32 words `(nb, W, O)`: the same bits, regrouped
+    int8) → `QuantisedWeight`'s int32 words `(nb, W, O)`: the same bits, regrouped
     (byte u of a word is its bits 8u onwards: a little-endian machine's order)."""
     words = codes.contiguous().view(torch.int32)  # (O, nb, W): 4 bytes a word
     return words.permute(1, 2, 0).contiguous()
 
 # %% ../nbs/18_quantised.ipynb #1784f7c1
-def _check_blocks(kind, words, scales, mins, bias) -> None:
+def _check_blocks(kind, words, scales, mins) -> None:
     check_choice(kind, "kind", tuple(KINDS))
     bits, has_min = KINDS[kind]
     if not (isinstance(words, torch.Tensor) and words.dim() == 3
@@ -81,105 +81,236 @@ def _check_blocks(kind, words, scales, mins, bias) -> None:
     if mins is not None and mins.dtype != scales.dtype:
         raise TypeError(f"mins ({mins.dtype}) and scales ({scales.dtype}) must share "
                         f"a dtype")
-    if bias is not None and (not isinstance(bias, torch.Tensor)
-                             or tuple(bias.shape) != (O,)):
-        raise ValueError(f"bias must be a tensor of shape ({O},), got {bias!r:.80}")
 
 
-def _check_quantised_input(layer, x) -> None:
+def _check_quantised_weight(weight) -> None:
+    if not isinstance(weight, QuantisedWeight):
+        raise TypeError(f"weight must be a QuantisedWeight, got "
+                        f"{type(weight).__name__}")
+
+
+def _check_quantised_input(C: int, x) -> None:
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise TypeError(f"x must be a float tensor, got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
-    if x.dim() == 0 or x.shape[-1] != layer.in_features:
-        raise ValueError(f"x must end in {layer.in_features} features, got shape "
-                         f"{tuple(x.shape)}")
+    if x.dim() == 0 or x.shape[-1] != C:
+        raise ValueError(f"x must end in {C} features, got shape {tuple(x.shape)}")
+
+# %% ../nbs/18_quantised.ipynb #e192770f
+def _offsets(kind: str, scales, mins) -> torch.Tensor | None:
+    "m of every block: q4_1's offsets; q4_0's -8·d (its code c stands for c - 8)."
+    return -8 * scales if kind == "q4_0" else mins
+
+
+def _floats(kind, words, scales, mins, dtype: torch.dtype, rows=None) -> torch.Tensor:
+    """d·q + m `(nb, codes a word, W, n)`, in the codes' order, made in one float
+    buffer (each code position's integers pass through one int32 buffer the size of
+    the words); only the output rows `rows` if given."""
+    bits, d, m = KINDS[kind][0], scales, _offsets(kind, scales, mins)
+    if rows is not None:  # the chosen output rows first: (nb, W, n)
+        words, d = words.index_select(-1, rows), d.index_select(-1, rows)
+        m = None if m is None else m.index_select(-1, rows)
+    K = 32 // bits  # codes a word
+    out = torch.empty(words.shape[0], K, *words.shape[1:], dtype=dtype,
+                      device=words.device)
+    codes = torch.empty_like(words)
+    for k in range(K):  # code k of a word sits in bits k·bits onwards
+        if bits == 4:
+            torch.bitwise_right_shift(words, 4 * k, out=codes).bitwise_and_(15)
+        else:  # signed: shift left, then back with the sign
+            torch.bitwise_left_shift(words, 24 - 8 * k, out=codes)
+            codes.bitwise_right_shift_(24)
+        out[:, k].copy_(codes)
+    out.mul_(d.to(dtype)[:, None, None])
+    return out if m is None else out.add_(m.to(dtype)[:, None, None])
+
+
+def _blocks_weight(kind, words, scales, mins, dtype, rows=None) -> torch.Tensor:
+    "The float weight `(O, C)` (or its rows `rows`) of the blocks, in weight order."
+    w = _floats(kind, words, scales, mins, dtype, rows)  # (nb, codes a word, W, n)
+    if KINDS[kind][0] == 8:  # (nb, byte, word, n): weight 4·word + byte
+        w = w.transpose(1, 2)
+    else:  # (nb, byte, nibble, word, n): weight 16·nibble + 4·word + byte
+        w = w.unflatten(1, (4, 2)).permute(0, 2, 3, 1, 4)
+    return w.flatten(0, -2).T  # (n, C)
+
+
+def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,
+                    bias=None) -> torch.Tensor:
+    "x `(..., C)` times the blocks' weight: the product and sum compiled, else floats."
+    bits, (nb, W, O) = KINDS[kind][0], words.shape  # blocks a row, words, outputs
+    C = nb * W * 32 // bits
+    _check_quantised_input(C, x)
+    N = x.numel() // C  # input rows
+    xb = x.reshape(N, nb, C // nb)  # (N, nb, weights a block)
+    if torch.compiler.is_compiling() and N <= FEW_ROWS:  # product and sum, one loop
+        f = x.dtype if x.dtype.itemsize >= 4 else torch.float32  # half: sum in f32
+        X = _in_order(xb.to(f), bits)  # (N, nb, codes a word, W)
+        q = _unpack(words, bits, f)  # (nb, codes a word, W, O)
+        dots = sum(X[..., k, :, None] * q[:, k]  # Σ x·q per block: the codes of
+                   for k in range(q.shape[1])).sum(2)  # a word added, then words
+        y = dots * scales.to(f)
+        m = _offsets(kind, scales, mins)
+        if m is not None:  # Σ_j (d q_j + m) x_j = d Σ_j q_j x_j + m Σ_j x_j
+            y = y + m.to(f) * xb.to(f).sum(-1)[..., None]
+        y = y.sum(1).to(x.dtype)  # (N, O)
+    else:  # the weight once as floats, in one buffer, then one matrix product
+        X = _in_order(xb, bits).flatten(1)  # (N, C): the codes' order
+        y = X @ _floats(kind, words, scales, mins, x.dtype).flatten(0, 2)  # (N, O)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], O)
+
+
+class _BlocksLinear(torch.autograd.Function):
+    """`_blocks_product` for autograd: backward needs the weight, not its update, so
+    it keeps the blocks (a few bytes a weight) and dequantises them again: a frozen
+    base for LoRA (QLoRA) holds no float copy of itself between forward and backward."""
+    generate_vmap_rule = True  # torch.func.vmap: the rule follows from the functions
+
+    @staticmethod
+    def forward(x, kind, words, scales, mins, bias):
+        return _blocks_product(x, kind, words, scales, mins, bias)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.kind, words, scales, mins, bias = inputs
+        ctx.save_for_backward(words, scales, mins)  # the blocks, not a float copy
+
+    @staticmethod
+    def backward(ctx, grad):
+        words, scales, mins = ctx.saved_tensors
+        gx = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = grad @ _blocks_weight(ctx.kind, words, scales, mins, grad.dtype)
+        if ctx.needs_input_grad[5]:
+            gb = grad.flatten(0, -2).sum(0)
+        return gx, None, None, None, None, gb  # the blocks are frozen: no gradients
+
+
+def _lookup(weight, ids: torch.Tensor) -> torch.Tensor:
+    "Rows `ids` `(..., T)` of the weight: `(..., T, C)`, only those dequantised."
+    try:
+        rows = weight.dequantise(ids.flatten())  # (n, C)
+    except RuntimeError as e:  # an id outside the table: an IndexError, as F.embedding
+        raise IndexError(str(e)) from None
+    return rows.reshape(*ids.shape, weight.shape[1])
 
 # %% ../nbs/18_quantised.ipynb #d021660a
-class QuantisedLinear(nn.Module):
-    """A linear layer `y = x Wᵀ (+ b)` whose weight `(O, C)` is kept as blocks of
-    integer codes q, each block with a float scale d (q4_1: and an offset m):
-    weight = d·q + m. Kinds: "int8" (one block a row), "q8_0" (blocks of 32, 8-bit),
-    "q4_0" (blocks of 32, 4-bit codes standing for -8..7), "q4_1" (blocks of 32,
-    4-bit). Codes are int32 words `(nb, W, O)`, word t of every output row side by
-    side; scales and offsets `(nb, O)`, in the float dtype the layer computes in."""
+class QuantisedWeight(torch.Tensor):
+    """A weight `(O, C)` kept as blocks of integer codes q, each block with a float
+    scale d (q4_1: and an offset m): weight = d·q + m. Kinds: "int8" (one block a
+    row), "q8_0" (blocks of 32, 8-bit), "q4_0" (blocks of 32, 4-bit codes standing for
+    -8..7), "q4_1" (blocks of 32, 4-bit). Codes are int32 words `(nb, W, O)`, word t
+    of every output row side by side; scales and offsets `(nb, O)`. The tensor reports
+    the logical shape `(O, C)` and the dtype it computes in (its scales'), so an
+    `nn.Linear` or a token embedding holds it as its weight."""
 
-    def __init__(self, kind: str, words: torch.Tensor, scales: torch.Tensor,
-                 mins: torch.Tensor | None = None, bias: torch.Tensor | None = None):
-        super().__init__()
-        _check_blocks(kind, words, scales, mins, bias)
-        self.kind, self.bits = kind, KINDS[kind][0]
+    @staticmethod
+    def __new__(cls, kind: str, words: torch.Tensor, scales: torch.Tensor,
+                mins: torch.Tensor | None = None):
+        _check_blocks(kind, words, scales, mins)
         nb, W, O = words.shape  # blocks a row, words a block, output rows
-        self.block = W * 32 // self.bits  # weights a block
-        self.in_features, self.out_features = nb * self.block, O
-        self.register_buffer("words", words)  # (nb, W, O) int32: the codes
-        self.register_buffer("scales", scales)  # (nb, O): d
-        self.register_buffer("mins", mins)  # (nb, O): m (q4_1), else None
-        self.register_buffer("bias", bias)  # (O,) or None
+        return torch.Tensor._make_wrapper_subclass(  # a tensor with no data of its own
+            cls, (O, nb * W * 32 // KINDS[kind][0]), dtype=scales.dtype,
+            device=words.device, requires_grad=False)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        "The float dtype the layer computes in: its scales'."
-        return self.scales.dtype
+    def __init__(self, kind, words, scales, mins=None):
+        self.kind, self.bits = kind, KINDS[kind][0]
+        self.words, self.scales, self.mins = words, scales, mins  # the blocks
 
-    def _offsets(self) -> torch.Tensor | None:
-        "m of every block: q4_1's offsets; q4_0's -8·d (its code c stands for c - 8)."
-        return -8 * self.scales if self.kind == "q4_0" else self.mins
-
-    def _floats(self, dtype: torch.dtype, rows=None) -> torch.Tensor:
-        """d·q + m `(nb, codes a word, W, O)`, in the codes' order; only the output
-        rows `rows` if given."""
-        words, d, m = self.words, self.scales.to(dtype), self._offsets()
-        if rows is not None:  # the chosen output rows first: (nb, W, n)
-            words, d = words.index_select(-1, rows), d.index_select(-1, rows)
-            m = None if m is None else m.index_select(-1, rows)
-        q = _unpack(words, self.bits, dtype)
-        if m is None:
-            return q * d[:, None, None]
-        return torch.addcmul(m.to(dtype)[:, None, None], q, d[:, None, None])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (isinstance(x, torch.Tensor) and x.dim() and x.dtype.is_floating_point
-                and x.shape[-1] == self.in_features):
-            _check_quantised_input(self, x)
-        rows = x.numel() // self.in_features
-        xb = x.reshape(rows, self.in_features // self.block, self.block)  # (N, nb, 32)
-        if rows > FEW_ROWS:  # a long prompt: the weight once as floats, one matmul
-            X = _in_order(xb, self.bits).flatten(1)  # (N, C): the codes' order
-            y = X @ self._floats(x.dtype).flatten(0, 2)  # (N, O)
-        else:  # a few rows: product and sum, the codes converted where they are used
-            f = x.dtype if x.dtype.itemsize >= 4 else torch.float32  # half: sum in f32
-            X = _in_order(xb.to(f), self.bits)  # (N, nb, codes a word, W)
-            q = _unpack(self.words, self.bits, f)  # (nb, codes a word, W, O)
-            dots = sum(X[..., k, :, None] * q[:, k]  # Σ x·q per block: the codes of
-                       for k in range(q.shape[1])).sum(2)  # a word added, then words
-            y = dots * self.scales.to(f)
-            m = self._offsets()
-            if m is not None:  # Σ_j (d q_j + m) x_j = d Σ_j q_j x_j + m Σ_j x_j
-                y = y + m.to(f) * xb.to(f).sum(-1)[..., None]
-            y = y.sum(1).to(x.dtype)  # (N, O)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-    def dequantise(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The float weight `(O, C)` the blocks stand for, d·q + m, in the layer's
-        dtype; or only its rows `rows` (an embedding's lookup)."""
-        w = self._floats(self.dtype, rows)  # (nb, codes a word, W, n)
-        if self.bits == 8:  # (nb, byte, word, n): weight 4·word + byte
-            w = w.transpose(1, 2)
-        else:  # (nb, byte, nibble, word, n): weight 16·nibble + 4·word + byte
-            w = w.unflatten(1, (4, 2)).permute(0, 2, 3, 1, 4)
-        return w.flatten(0, -2).T  # (n, C)
+    def dequantise(self, rows: torch.Tensor | None = None,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The float weight `(O, C)` the blocks stand for, d·q + m, in the weight's
+        dtype (or `dtype`); or only its rows `rows` (an embedding's lookup)."""
+        return _blocks_weight(self.kind, self.words, self.scales, self.mins,
+                           dtype or self.dtype, rows)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, kind: str = "int8",
-                   bias: torch.Tensor | None = None) -> QuantisedLinear:
+    def from_float(cls, weight: torch.Tensor, kind: str = "int8") -> QuantisedWeight:
         "`weight` `(O, C)` rounded to `kind`'s blocks as llama.cpp's reference does."
-        return cls(kind, *_quantise_weight(weight, kind), bias=bias)
+        return cls(kind, *_quantise_weight(weight, kind))
 
-    def extra_repr(self) -> str:
-        return (f"{self.in_features}, {self.out_features}, kind={self.kind!r}, "
-                f"bias={self.bias is not None}")
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        "`F.linear` and `F.embedding` read the blocks; every other call is an op below."
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, bias = *args[:2], (args[2:] or [kwargs.get("bias")])[0]
+            return _BlocksLinear.apply(x, weight.kind, weight.words, weight.scales,
+                                       weight.mins, bias)
+        if func is F.embedding:  # only the rows looked up become floats
+            ids, weight = args[:2]
+            return _lookup(weight, ids)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        "The ops allowed on the blocks (`_ALLOWED`); any other is refused."
+        kwargs = kwargs or {}
+        if func not in _ALLOWED or (func is _aten.copy_.default
+                                    and isinstance(args[0], QuantisedWeight)):
+            raise NotImplementedError(
+                f"{func} on a QuantisedWeight: its blocks take part in linear, "
+                f"embedding, detach, clone and .to(), and copy into a float tensor "
+                f"(dequantising); dequantise it to compute or change it otherwise")
+        return _ALLOWED[func](*args, **kwargs)
+
+    def __tensor_flatten__(self):  # for torch.compile, export and checkpoints
+        inner = ["words", "scales"] + (["mins"] if self.mins is not None else [])
+        return inner, self.kind
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, kind: str, outer_size, outer_stride):
+        return QuantisedWeight(kind, inner["words"], inner["scales"], inner.get("mins"))
+
+    def _stable_hash_for_caching(self) -> str:  # inductor's cache: what shapes a graph
+        inner = [(tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
+                 for t in (self.words, self.scales, self.mins) if t is not None]
+        what = repr((self.kind, tuple(self.shape), str(self.dtype), inner))
+        return hashlib.sha256(what.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return (f"QuantisedWeight(kind={self.kind!r}, shape={tuple(self.shape)}, "
+                f"dtype={self.dtype})")
+
+
+def _each_block(w: QuantisedWeight, fn) -> QuantisedWeight:
+    "A QuantisedWeight of `fn` applied to each of `w`'s block tensors."
+    return QuantisedWeight(w.kind, fn(w.words), fn(w.scales),
+                           None if w.mins is None else fn(w.mins))
+
+
+def _to_copy(w, dtype=None, device=None, **kwargs):  # .to(): the codes kept as codes
+    floats = dict(device=device or w.device, dtype=dtype or w.dtype)
+    mins = None if w.mins is None else w.mins.to(**floats)
+    return QuantisedWeight(w.kind, w.words.to(device or w.device),
+                           w.scales.to(**floats), mins)
+
+
+_aten = torch.ops.aten
+_ALLOWED = {  # op -> what it does to a QuantisedWeight (no catch-all: the rest raise)
+    _aten.detach.default: lambda w: _each_block(w, torch.Tensor.detach),
+    _aten.alias.default: lambda w: _each_block(w, torch.Tensor.view_as),
+    _aten.clone.default: lambda w, **kw: _each_block(w, torch.clone),
+    _aten._to_copy.default: _to_copy,
+    _aten.copy_.default:  # into a float tensor (a quantised one is refused above)
+        lambda dest, w, *a, **kw: dest.copy_(w.dequantise(dtype=dest.dtype)),
+}
+
+
+def quantised_linear(weight: QuantisedWeight,
+                     bias: torch.Tensor | None = None) -> nn.Linear:
+    "An `nn.Linear` whose weight is `weight` (frozen) and whose bias is `bias`."
+    _check_quantised_weight(weight)
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                      device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias.to(weight.dtype),
+                                  requires_grad=bias.requires_grad)
+    return layer
 
 # %% ../nbs/18_quantised.ipynb #b6b42b4f
 def _check_gguf_kind(t) -> None:
@@ -196,9 +327,9 @@ def _half(b: torch.Tensor, start: int) -> torch.Tensor:
     return b[..., start:start + 2].contiguous().view(torch.float16)[..., 0]
 
 
-def layer_from_gguf(t,  # a tensor record of `read_gguf`, of a kind in GGUF_KINDS
-                    rows=None,  # a reordering of its rows, or None
-                    dtype: torch.dtype = torch.float32) -> QuantisedLinear:
+def weight_from_gguf(t,  # a tensor record of `read_gguf`, of a kind in GGUF_KINDS
+                     rows=None,  # a reordering of its rows, or None
+                     dtype: torch.dtype = torch.float32) -> QuantisedWeight:
     """A GGUF matrix kept in its blocks: the codes regrouped from the file's bytes,
     d and m converted from float16 to `dtype` (no rounding for float32 or float16).
     `rows` reorders the matrix's output rows; it gets the raw bytes `(O, bytes a
@@ -213,7 +344,7 @@ def layer_from_gguf(t,  # a tensor record of `read_gguf`, of a kind in GGUF_KIND
     scales = _half(b, 0).T.to(dtype).contiguous()  # (nb, O)
     mins = _half(b, 2).T.to(dtype).contiguous() if kind == "q4_1" else None
     codes = b[..., 4 if kind == "q4_1" else 2:]  # (O, nb, 16 or 32)
-    return QuantisedLinear(kind, pack(codes), scales, mins)
+    return QuantisedWeight(kind, pack(codes), scales, mins)
 
 # %% ../nbs/18_quantised.ipynb #4b21f58c
 def _check_weight(weight, kind: str) -> None:
@@ -262,19 +393,14 @@ def _quantise_weight(weight: torch.Tensor, kind: str) -> tuple:
     return pack(codes), as_scales(d), as_scales(mins)
 
 # %% ../nbs/18_quantised.ipynb #93d6406b
-def _check_embedding_table(table) -> None:
-    if not isinstance(table, QuantisedLinear):
-        raise TypeError(f"table must be a QuantisedLinear, got {type(table).__name__}")
-
-
 def _check_quantise_args(model, kind, skip) -> tuple:
     check_module(model)
     check_choice(kind, "kind", tuple(KINDS))
     if isinstance(skip, str) or not all(isinstance(s, str) for s in skip):
         raise TypeError(f"skip must be a collection of layer names, got {skip!r}")
     if isinstance(model, (nn.Linear, LoRALinear)):
-        raise ValueError("quantise replaces the linear layers inside a model; for one "
-                         "layer, use QuantisedLinear.from_float(layer.weight, kind)")
+        raise ValueError("quantise rounds the linear layers inside a model; for one "
+                         "weight, use QuantisedWeight.from_float(layer.weight, kind)")
     return tuple(skip)
 
 
@@ -289,64 +415,41 @@ def _check_quantise(model, kind, targets: list, skip: tuple) -> None:
     if unknown:
         raise ValueError(f"skip names {unknown}, which no layer of the model has")
     for name, m in targets:
+        if isinstance(m.weight, QuantisedWeight):
+            raise ValueError(f"{name} is quantised already ({m.weight.kind}): rounding "
+                             f"its blocks again would lose more precision")
         try:
             _check_weight(m.weight, kind)
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
 
 # %% ../nbs/18_quantised.ipynb #f6ebc780
-class QuantisedEmbedding(nn.Module):
-    """Token ids `(..., T)` → vectors `(..., T, C)`: rows of a `QuantisedLinear`'s
-    weight, dequantised as they are looked up (the table a tied head also uses)."""
-
-    def __init__(self, table: QuantisedLinear, padding_idx: int | None = None,
-                 scale: bool = False):  # scale: multiply by sqrt(C), as chapter 2
-        super().__init__()
-        _check_embedding_table(table)
-        self.table, self.padding_idx, self.scale = table, padding_idx, scale
-        self.vocab_size, self.d_model = table.out_features, table.in_features
-
-    def forward(self, ids: torch.Tensor, name: str = "token ids") -> torch.Tensor:
-        if not (isinstance(ids, torch.Tensor) and is_integer_tensor(ids)):
-            check_token_ids(ids, self.vocab_size, name)  # raises: not integer ids
-        try:
-            x = self.table.dequantise(ids.flatten())  # (n, C)
-        except (IndexError, RuntimeError):  # an id outside the table, or ids of a
-            check_token_ids(ids, self.vocab_size, name)  # dtype index_select refuses
-            raise
-        x = x.reshape(*ids.shape, self.d_model)  # (..., T, C)
-        return x * math.sqrt(self.d_model) if self.scale else x
-
-    def extra_repr(self) -> str:
-        return (f"{self.vocab_size}, {self.d_model}, padding_idx={self.padding_idx}, "
-                f"scale={self.scale}")
-
-
 def quantise(model: nn.Module, kind: str = "int8",
              skip=(),  # last names of linear layers to keep in float, e.g. ("head",)
              ) -> nn.Module:
-    """Replace every `nn.Linear` of `model` (merged LoRA layers included; not its
-    subclasses, which may read `.weight`) by a `QuantisedLinear` of `kind`, in place,
-    and return `model`. A head tied to a token embedding becomes one quantised table
-    that both read. For inference: the layers hold buffers, not parameters."""
+    """Round the weight of every `nn.Linear` of `model` (merged LoRA layers included:
+    they become their base; not its subclasses, which may read `.weight` as floats)
+    to `kind`'s blocks, a frozen `QuantisedWeight`, in place, and return `model`. A
+    head tied to a token embedding stays one weight that both read."""
     skip = _check_quantise_args(model, kind, skip)
     loras = {n for n, m in model.named_modules() if isinstance(m, LoRALinear)}
     targets = [(n, m) for n, m in model.named_modules()  # nn.Linear itself: a
                if (type(m) is nn.Linear or isinstance(m, LoRALinear))  # subclass may
                and n.rpartition(".")[0] not in loras  # read .weight (a LoRA layer's
                and n.rsplit(".", 1)[-1] not in skip]  # own base: with the layer)
-    _check_quantise(model, kind, targets, skip)  # all of them, before any is replaced
-    embeddings = {id(m.weight): n for n, m in model.named_modules()
-                  if isinstance(m, TokenEmbedding)}  # a weight -> its embedding
+    _check_quantise(model, kind, targets, skip)  # all of them, before any is changed
+    embeddings = [m for m in model.modules() if isinstance(m, TokenEmbedding)]
     with torch.no_grad():
         for name, m in targets:
-            bias = None if m.bias is None else m.bias.detach().clone()  # a buffer now
-            layer = QuantisedLinear.from_float(m.weight, kind, bias)
-            _replace(model, name, layer)
-            if id(m.weight) in embeddings:  # tied: the embedding reads the same table
-                emb = model.get_submodule(embeddings[id(m.weight)])
-                _replace(model, embeddings[id(m.weight)],
-                         QuantisedEmbedding(layer, emb.padding_idx, emb.scale))
+            if isinstance(m, LoRALinear):  # merged: its base holds the update
+                _replace(model, name, m.base)
+                m = m.base
+            old = m.weight
+            m.weight = nn.Parameter(QuantisedWeight.from_float(old, kind),
+                                    requires_grad=False)
+            for emb in embeddings:  # tied: the embedding reads the same weight
+                if emb.weight is old:
+                    emb.weight = m.weight
     return model
 
 
@@ -356,10 +459,15 @@ def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    "Bytes of `model`'s parameters and buffers, each storage counted once."
+    """Bytes of `model`'s parameters and buffers, each storage counted once (a tensor
+    made of tensors, such as a `QuantisedWeight`: the bytes of those)."""
     check_module(model)
-    storages = {}
-    for t in list(model.parameters()) + list(model.buffers()):
+    storages, tensors = {}, list(model.parameters()) + list(model.buffers())
+    while tensors:
+        t = tensors.pop()
+        if hasattr(t, "__tensor_flatten__"):  # a wrapper: count what it holds
+            tensors += [getattr(t, name) for name in t.__tensor_flatten__()[0]]
+            continue
         s = t.untyped_storage()
         storages[(s.data_ptr(), t.device)] = s.nbytes()
     return sum(storages.values())
@@ -378,23 +486,22 @@ def gguf_blocks_model(config,  # the GPTConfig read from the file
                       dequantise,  # a record -> its float32 tensor (chapter 16)
                       dtype: torch.dtype = torch.float32) -> GPT:
     """Our `GPT` from a GGUF file's tensors: each matrix stored in a kind of
-    `GGUF_KINDS` becomes a `QuantisedLinear` of its blocks (a tied embedding and
-    head: one table both read), everything else is read by `dequantise`, as floats
-    of `dtype`. No float copy of a matrix kept in blocks is made."""
+    `GGUF_KINDS` becomes a frozen `QuantisedWeight` of its blocks (a tied embedding
+    and head: one weight both read), everything else is read by `dequantise`, as
+    floats of `dtype`. No float copy of a matrix kept in blocks is made."""
     _check_has_blocks(rules, tensors)
     with torch.device("meta"):  # shapes only: nothing allocated
         model = GPT(config)
-    layers, state = {}, {}
+    weights, state = {}, {}
     for name, (src, how) in rules.items():
         owner_name, _, leaf = name.rpartition(".")
         owner, t = model.get_submodule(owner_name), tensors[src]
         if (leaf == "weight" and int(t.tensor_type) in GGUF_KINDS
                 and isinstance(owner, (nn.Linear, TokenEmbedding))):
-            if src not in layers:  # a tied table is read once
-                layers[src] = layer_from_gguf(t, how, dtype)
-            _replace(model, owner_name, layers[src] if isinstance(owner, nn.Linear)
-                     else QuantisedEmbedding(layers[src], owner.padding_idx,
-                                             owner.scale))
+            if src not in weights:  # a tied table is read once
+                weights[src] = nn.Parameter(weight_from_gguf(t, how, dtype),
+                                            requires_grad=False)
+            owner.weight = weights[src]
         else:
             value = dequantise(t)
             state[name] = (how(value) if how is not None else value).to(dtype)

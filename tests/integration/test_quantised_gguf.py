@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minitransformer.generation import generate
-from minitransformer.quantised import QuantisedLinear, weight_bytes
+from minitransformer.quantised import QuantisedWeight, weight_bytes
 
 gguf = pytest.importorskip("gguf")
 
@@ -27,22 +27,22 @@ def test_each_block_kind_dequantises_as_gguf_bit_for_bit(kind):
     w[3, :32] = 0.0  # a block of zeros: scale 0
     theirs = gguf.GGMLQuantizationType[kind.upper()]
     want = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), theirs), theirs))
-    layer = QuantisedLinear.from_float(w, kind)
-    assert torch.equal(layer.dequantise(), want), f"{kind}: not gguf's blocks"
+    weight = QuantisedWeight.from_float(w, kind)
+    assert torch.equal(weight.dequantise(), want), f"{kind}: not gguf's blocks"
     rows = torch.tensor([5, 0, 39])
-    assert torch.equal(layer.dequantise(rows), want[rows]), f"{kind}: a lookup of rows differs"
+    assert torch.equal(weight.dequantise(rows), want[rows]), f"{kind}: a lookup of rows differs"
 
 
 def test_the_files_blocks_dequantise_as_gguf_bit_for_bit():
     from minitransformer.gguf import read_gguf
-    from minitransformer.quantised import layer_from_gguf
+    from minitransformer.quantised import weight_from_gguf
     _, tensors = read_gguf(_smollm())
     for name in ("blk.0.ffn_down.weight", "blk.29.attn_k.weight", "token_embd.weight"):
         t = tensors[name]
-        layer = layer_from_gguf(t)
-        rows = torch.arange(0, layer.out_features, 97)
+        weight = weight_from_gguf(t)
+        rows = torch.arange(0, weight.shape[0], 97)
         want = gguf.quants.dequantize(t.data[rows.numpy()], t.tensor_type)
-        assert torch.equal(layer.dequantise(rows), torch.from_numpy(want)), name
+        assert torch.equal(weight.dequantise(rows), torch.from_numpy(want)), name
 
 
 @pytest.mark.slow
@@ -54,7 +54,8 @@ def test_load_gguf_keeps_the_blocks_in_little_memory_and_computes_the_same():
     _, tensors = read_gguf(path)
     file_bytes = sum(int(t.n_bytes) for t in tensors.values())
     assert weight_bytes(blocks) <= 1.2 * file_bytes
-    assert blocks.head is blocks.embed.tok.table  # the Q8_0 table, once
+    assert isinstance(blocks.head.weight, QuantisedWeight)
+    assert blocks.head.weight is blocks.embed.tok.weight  # the Q8_0 table, once
     ids = torch.tensor([[1, 504, 3458, 314, 260, 3575, 30]])
     with torch.no_grad():
         for rows in (ids, ids[:, :1]):

@@ -118,16 +118,13 @@ EXEMPT = {
                            "(tests/unit/test_lora.py)",
     "lora.save_folder": "writes a model as a Hugging Face folder; its own tests "
                         "(tests/integration/test_peft_format.py)",
-    "checks.weight_dtype": "reads a layer's dtype; exercised by the projections' and the "
-                           "feed-forward network's dtype checks",
     **{f"quantised.{name}": "a constant (a table or a size)" for name in (
         "BLOCK", "FEW_ROWS", "GGUF_KINDS", "KINDS")},
     **{f"quantised.{name}": "reads GGUF files, or changes or measures a whole model; its "
        "own tests (tests/unit/test_quantised.py)" for name in (
-           "gguf_blocks_model", "layer_from_gguf", "quantise", "weight_bytes",
-           "QuantisedEmbedding")},
-    "quantised.pack": "regroups bytes that QuantisedLinear.from_float and the loader made; "
-                      "fuzzed through QuantisedLinear",
+           "gguf_blocks_model", "weight_from_gguf", "quantise", "weight_bytes")},
+    "quantised.pack": "regroups bytes that QuantisedWeight.from_float and the loader made; "
+                      "fuzzed through QuantisedWeight",
     "instruct.IGNORE_ID": "a constant (an int)",
     "instruct.GENERAL_TEXT": "a constant (a string)",
     "instruct.chat_example": "needs a tokenizer with a chat template; its own tests "

@@ -13,7 +13,7 @@ QUANT_X_MUTS = {"long": BAD, "list": BAD, "noncontig": VALID, "b0": VALID, "doub
                 "bfloat16": VALID, "wider": (BAD, lambda x: torch.cat([x, x[..., :1]], -1))}
 
 
-@case("quantised.QuantisedLinear", examples=30)
+@case("quantised.QuantisedWeight", "quantised.quantised_linear", examples=30)
 def _(data):
     q = _mod("quantised")
     p = Probe(data, ["kind", "weight", "x"])
@@ -32,18 +32,19 @@ def _(data):
     lead = p.draw(st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
                   label="lead")
     C = weight.shape[-1] if weight.dim() == 2 else 32 * blocks
-    x = p.tensor("x", floats(p, (*lead, C)), QUANT_X_MUTS)
+    x = p.tensor("x", floats(p, (*lead, C)), QUANT_X_MUTS, names=("x", "input"))
 
     def go():
         b = torch.randn(n_out) if bias else None
-        layer = p.call("from_float", q.QuantisedLinear.from_float, weight, kind, b)
+        w = p.call("from_float", q.QuantisedWeight.from_float, weight, kind)
+        layer = p.call("quantised_linear", q.quantised_linear, w, b)
         return layer, p.call("forward", layer, x)
     out = p.run(go)
     if ok(out):
         layer, y = out
         expect_tensor(y, (*x.shape[:-1], n_out), x.dtype, p.finite)
-        want = x.double() @ layer.dequantise().double().T + (0 if layer.bias is None
-                                                             else layer.bias.double())
+        want = x.double() @ layer.weight.dequantise().double().T + (
+            0 if layer.bias is None else layer.bias.double())
         if want.numel():
             tol = 1e-3 * (1 + want.abs().max().item()) * (30 if x.dtype == torch.bfloat16 else 1)
             assert (y.double() - want).abs().max().item() <= tol, "product != dequantised matmul"

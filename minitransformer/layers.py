@@ -359,17 +359,25 @@ class _DecoderPlumbing(nn.Module):
             cache.length = length
 
 
+def _layer_call(layer: nn.Module, *args) -> torch.Tensor:
+    return layer(*args)
+
+
+_region = getattr(torch.compiler, "nested_compile_region", None)  # (older torch: none)
+_region = _region(_layer_call) if _region else _layer_call
+
+
 def _layer_step(layer: nn.Module, *args) -> torch.Tensor:
     """A layer's call over a cache. Under `torch.compile` (chapter 12's decoding step)
     it is a nested compile region: compiled once and reused by every layer, so compile
     time does not grow with depth; eagerly, just the call. Calls without a cache
     (training, a whole sequence) do not use it: torch 2.13 computes wrong gradients
-    through a region that several layers reuse."""
+    through a region that several layers reuse. Nor does a layer with a parameter of
+    another tensor type (chapter 18's blocks): torch 2.13's regions do not take them."""
+    if torch.compiler.is_compiling() and all(
+            type(p) is nn.Parameter for p in layer.parameters()):
+        return _region(layer, *args)
     return layer(*args)
-
-
-if hasattr(torch.compiler, "nested_compile_region"):  # (older torch: the whole step)
-    _layer_step = torch.compiler.nested_compile_region(_layer_step)
 
 # %% ../nbs/09_layers.ipynb #4b487aef
 class Decoder(_DecoderPlumbing):

@@ -429,3 +429,12 @@ def test_save_folder_writes_a_quantised_lora_model_as_floats(tmp_path):
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         assert torch.allclose(loaded.model(ids), model(ids), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_generation_of_a_deep_quantised_model():
+    "Three layers or more: the step compiles with the blocks (no compile region takes them)."
+    model = quantise(_gpt(n_layers=3), "q4_1")
+    prompt = [[1, 2, 3, 4]]
+    torch._dynamo.reset()
+    assert generate(model, prompt, 4, compile=True) == generate(model, prompt, 4)

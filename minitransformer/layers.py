@@ -363,8 +363,8 @@ def _layer_call(layer: nn.Module, *args) -> torch.Tensor:
     return layer(*args)
 
 
-_region = getattr(torch.compiler, "nested_compile_region", None)  # (older torch: none)
-_region = _region(_layer_call) if _region else _layer_call
+_region = (torch.compiler.nested_compile_region(_layer_call)  # (older torch: none)
+           if hasattr(torch.compiler, "nested_compile_region") else _layer_call)
 
 
 def _layer_step(layer: nn.Module, *args) -> torch.Tensor:

@@ -43,8 +43,9 @@ def _model_tensors(model: nn.Module) -> tuple[dict, dict, dict]:
     for name, t in model.state_dict().items():
         inner, ctx = ([], None) if not hasattr(t, "__tensor_flatten__") else (
             t.__tensor_flatten__())
-        first = getattr(t, inner[0]) if inner else t  # what identifies its storage
-        key = (first.data_ptr(), first.shape, first.stride(), first.dtype, t.shape)
+        key = tuple((s.data_ptr(), s.shape, s.stride(), s.dtype)  # its storages
+                    for s in ([getattr(t, n) for n in inner] if inner else [t])
+                    if s is not None) + (t.shape,)
         if t.numel() and key in seen:
             aliases[name] = seen[key]  # e.g. the head tied to the token embedding
             continue
@@ -375,9 +376,10 @@ def _unwrap_layout(path: Path, meta: dict, layout: dict) -> tuple[dict, dict]:
     wrapped = parse_json_object(meta.get("wrapped", "{}"), f"{path}'s wrapped tensors")
     layout, names = dict(layout), {v: k for k, v in _DTYPES.items()}
     for name, how in wrapped.items():
-        if not (isinstance(how, dict) and how.get("type") in _WRAPPED_TYPES):
+        if (not (isinstance(how, dict) and how.get("type") in _WRAPPED_TYPES)
+                or name.startswith(TRAIN_PREFIX)):
             raise ValueError(f"{path}: {name} is stored as {how!r:.80}; a checkpoint "
-                             f"holds tensors of types {list(_WRAPPED_TYPES)}")
+                             f"holds model weights of types {list(_WRAPPED_TYPES)}")
         inner = {k[len(name) + 1:]: layout.pop(k) for k in list(layout)
                  if k.startswith(name + ".")}
         try:
@@ -389,6 +391,9 @@ def _unwrap_layout(path: Path, meta: dict, layout: dict) -> tuple[dict, dict]:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: {name}'s stored tensors {inner} do not make a "
                              f"{how['type']}: {e}") from None
+        if sorted(inner) != sorted(t.__tensor_flatten__()[0]):
+            raise ValueError(f"{path}: {name} is stored as {sorted(inner)}; a "
+                             f"{how['type']} holds {t.__tensor_flatten__()[0]}")
         layout[name] = (names[t.dtype], tuple(t.shape))
     return wrapped, layout
 
@@ -410,8 +415,9 @@ def _assign_wrapped(model: nn.Module, state: dict, aliases: dict) -> None:
     for name, t in list(model.state_dict().items()):
         if hasattr(t, "__tensor_flatten__"):
             target = aliases.get(name, name)
-            if target not in params:
-                params[target] = nn.Parameter(state[target], requires_grad=False)
+            if target not in params:  # (the model keeps its own dtype and device)
+                params[target] = nn.Parameter(state[target].to(t.device, t.dtype),
+                                              requires_grad=False)
             owner, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(owner), leaf, params[target])
             del state[name]

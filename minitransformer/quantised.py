@@ -89,6 +89,16 @@ def _check_quantised_weight(weight) -> None:
                         f"{type(weight).__name__}")
 
 
+def _check_lookup_options(args: tuple, kwargs: dict) -> None:
+    "Refuse F.embedding's options that change the rows read (padding_idx does not)."
+    options = dict(zip(("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
+                        "sparse"), args)) | kwargs
+    if options.get("max_norm") is not None or options.get("scale_grad_by_freq") or \
+            options.get("sparse"):
+        raise NotImplementedError(f"F.embedding of a QuantisedWeight takes no "
+                                  f"max_norm, scale_grad_by_freq or sparse: {options}")
+
+
 def _check_quantised_input(C: int, x) -> None:
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise TypeError(f"x must be a float tensor, got "
@@ -184,7 +194,7 @@ class _BlocksLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = grad @ _blocks_weight(ctx.kind, words, scales, mins, grad.dtype)
         if ctx.needs_input_grad[5]:
-            gb = grad.flatten(0, -2).sum(0)
+            gb = grad.reshape(-1, grad.shape[-1]).sum(0)
         return gx, None, None, None, None, gb  # the blocks are frozen: no gradients
 
 
@@ -236,12 +246,16 @@ class QuantisedWeight(torch.Tensor):
         "`F.linear` and `F.embedding` read the blocks; every other call is an op below."
         kwargs = kwargs or {}
         if func is F.linear:
-            x, weight, bias = *args[:2], (args[2:] or [kwargs.get("bias")])[0]
-            return _BlocksLinear.apply(x, weight.kind, weight.words, weight.scales,
-                                       weight.mins, bias)
+            call = dict(zip(("input", "weight", "bias"), args)) | kwargs
+            weight = call["weight"]
+            return _BlocksLinear.apply(call["input"], weight.kind, weight.words,
+                                       weight.scales, weight.mins, call.get("bias"))
         if func is F.embedding:  # only the rows looked up become floats
-            ids, weight = args[:2]
-            return _lookup(weight, ids)
+            _check_lookup_options(args[2:], kwargs)
+            return _lookup(args[1], args[0])
+        if func is torch.Tensor.share_memory_:
+            raise NotImplementedError("share_memory_ on a QuantisedWeight: share its "
+                                      "blocks (.words, .scales, .mins) instead")
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
@@ -283,16 +297,16 @@ def _each_block(w: QuantisedWeight, fn) -> QuantisedWeight:
 
 
 def _to_copy(w, dtype=None, device=None, **kwargs):  # .to(): the codes kept as codes
-    floats = dict(device=device or w.device, dtype=dtype or w.dtype)
+    floats = dict(device=device or w.device, dtype=dtype or w.dtype, copy=True)
     mins = None if w.mins is None else w.mins.to(**floats)
-    return QuantisedWeight(w.kind, w.words.to(device or w.device),
+    return QuantisedWeight(w.kind, w.words.to(device or w.device, copy=True),
                            w.scales.to(**floats), mins)
 
 
 _aten = torch.ops.aten
 _ALLOWED = {  # op -> what it does to a QuantisedWeight (no catch-all: the rest raise)
     _aten.detach.default: lambda w: _each_block(w, torch.Tensor.detach),
-    _aten.alias.default: lambda w: _each_block(w, torch.Tensor.view_as),
+    _aten.alias.default: lambda w: _each_block(w, _aten.alias.default),
     _aten.clone.default: lambda w, **kw: _each_block(w, torch.clone),
     _aten._to_copy.default: _to_copy,
     _aten.copy_.default:  # into a float tensor (a quantised one is refused above)

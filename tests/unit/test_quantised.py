@@ -254,8 +254,18 @@ def test_only_the_listed_ops_reach_the_blocks():
         w.copy_(torch.randn(8, 64))  # floats into the blocks: refused, not rounded
     floats = torch.empty(8, 64, dtype=torch.float64).copy_(w)  # out of the blocks: floats
     assert torch.equal(floats, w.dequantise().double())
-    for view in (w.detach(), w.clone(), copy.deepcopy(w)):
+    for view in (w.detach(), w.clone(), copy.deepcopy(w), torch.ops.aten.alias(w)):
         assert isinstance(view, QuantisedWeight) and torch.equal(view.words, w.words)
+    moved = w.to(torch.float64)  # a copy: its blocks are its own
+    assert moved.words.data_ptr() != w.words.data_ptr() and torch.equal(moved.words, w.words)
+    with pytest.raises(NotImplementedError, match="share its blocks"):
+        w.share_memory_()
+    x = torch.randn(64, requires_grad=True)  # one input row, 1-D, as nn.Linear takes it
+    bias = torch.zeros(8, requires_grad=True)
+    torch.nn.functional.linear(input=x, weight=w, bias=bias).sum().backward()
+    assert torch.equal(bias.grad, torch.ones(8)) and x.grad.shape == (64,)
+    with pytest.raises(NotImplementedError, match="max_norm"):
+        torch.nn.functional.embedding(torch.tensor([1]), w, max_norm=1.0)
     assert "kind='q4_1'" in repr(w) and w.shape == (8, 64) and w.dtype == torch.float32
 
 
@@ -371,6 +381,9 @@ def test_a_quantised_checkpoint_round_trips_bit_for_bit(tmp_path):
         blocks = load_checkpoint(path, quantise(_gpt(1), "q4_1"))  # into blocks: the blocks
         assert torch.equal(blocks(ids), model(ids))
         assert blocks.head.weight is blocks.embed.tok.weight
+        wide = load_checkpoint(path, quantise(_gpt(1), "q4_1").to(torch.float64))
+        assert wide.head.weight.dtype == torch.float64  # a model keeps its own dtype
+        assert wide(ids).dtype == torch.float64
 
 
 def test_a_quantised_checkpoint_that_does_not_fit_is_refused_unchanged(tmp_path):
@@ -380,12 +393,13 @@ def test_a_quantised_checkpoint_that_does_not_fit_is_refused_unchanged(tmp_path)
     path = save_checkpoint(quantise(_gpt(), "q4_1"), tmp_path / "q.safetensors")
     float_path = save_checkpoint(_gpt(2), tmp_path / "f.safetensors")
     target = quantise(_gpt(1), "q4_1")
-    before = {k: (v.words.clone() if isinstance(v, QuantisedWeight) else v.clone())
-              for k, v in target.state_dict().items()}
+    def tensors_of(model):  # every tensor a model holds, the blocks' too
+        return [x for t in model.state_dict().values()
+                for x in ((t.words, t.scales, t.mins) if isinstance(t, QuantisedWeight) else (t,))]
+    before = [t.clone() for t in tensors_of(target)]
 
     def unchanged():
-        return all(torch.equal(v, (t.words if isinstance(t, QuantisedWeight) else t))
-                   for (k, v), t in zip(before.items(), target.state_dict().values()))
+        return all(torch.equal(a, b) for a, b in zip(before, tensors_of(target)))
     with pytest.raises(ValueError, match="stores embed.tok.weight as floats"):
         load_checkpoint(float_path, target)  # floats into blocks: refused, not rounded
     assert unchanged()
@@ -398,9 +412,14 @@ def test_a_quantised_checkpoint_that_does_not_fit_is_refused_unchanged(tmp_path)
         "blocks of another count": (tensors | {"embed.tok.weight.words": words[:1].clone()},
                                     meta, "do not make a QuantisedWeight"),
         "an unknown type": (tensors, meta | {"wrapped": meta["wrapped"].replace(
-            "QuantisedWeight", "Evil")}, "tensors of types"),
+            "QuantisedWeight", "Evil")}, "weights of types"),
         "another kind": (tensors, meta | {"wrapped": meta["wrapped"].replace(
             "q4_1", "q3_k")}, "kind"),
+        "a tensor it does not hold": (tensors | {"embed.tok.weight.junk": torch.zeros(9, 9)},
+                                      meta, "holds"),
+        "a run's tensor": (tensors | {"train/x.words": words.clone()}, meta | {"wrapped": json.dumps(
+            json.loads(meta["wrapped"]) | {"train/x": {"type": "QuantisedWeight",
+                                                       "ctx": "q4_1"}})}, "model weights"),
     }
     for what, (t, m, message) in hostile.items():
         bad = tmp_path / f"{what}.safetensors"

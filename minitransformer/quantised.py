@@ -234,7 +234,7 @@ class QuantisedWeight(torch.Tensor):
         """The float weight `(O, C)` the blocks stand for, d·q + m, in the weight's
         dtype (or `dtype`); or only its rows `rows` (an embedding's lookup)."""
         return _blocks_weight(self.kind, self.words, self.scales, self.mins,
-                           dtype or self.dtype, rows)
+                              dtype or self.dtype, rows)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, kind: str = "int8") -> QuantisedWeight:

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct decoding from fewer bytes per weight: float32 (the Q4_1 file dequantised), int8 per
-row, q8_0 (int8 per block of 32), the file's own Q4_1 blocks (`load_gguf(..., dequantise=False)`), and
+row, q8_0 (int8 per block of 32), the file's own Q4_1 blocks (`load_gguf_blocks`), and
 llama.cpp on the same file, side by side in one process, interleaved.
 
     python bench/bench_quantised.py [--rounds 3] [--new-tokens 128]
@@ -28,7 +28,7 @@ from common import timed
 from minitransformer.data import shakespeare_plays
 from minitransformer.generation import generate, read_bandwidth
 from minitransformer.gguf import load_gguf
-from minitransformer.quantised import quantise, weight_bytes
+from minitransformer.quantised import load_gguf_blocks, quantise, weight_bytes
 
 KINDS = ("float32", "int8", "q8_0", "file blocks")
 PPL_TOKENS = 1024
@@ -36,7 +36,7 @@ PPL_TOKENS = 1024
 
 def load(kind: str, max_len: int):
     "SmolLM2 as `kind`: the file dequantised (then rounded again for int8 / q8_0), or kept in its blocks."
-    lm = load_gguf(weights_path(), max_len=max_len, dequantise=kind == "float32" or kind in ("int8", "q8_0"))
+    lm = (load_gguf_blocks if kind == "file blocks" else load_gguf)(weights_path(), max_len=max_len)
     if kind in ("int8", "q8_0"):
         quantise(lm.model, kind)
     return lm

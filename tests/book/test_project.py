@@ -126,18 +126,6 @@ def _imported_modules(text: str) -> set[str]:
     return {a or b for a, b in re.findall(pattern, text)}
 
 
-# The one allowed use of a later chapter: an option of an earlier function that chapter N teaches,
-# imported inside that option's branch only (the earlier chapter's code runs without it).
-LATER_BY_REQUEST = {("16_gguf", "quantised"): "load_gguf(path, dequantise=False): chapter 18's layers"}
-
-
-def test_later_chapters_are_imported_only_where_their_option_is_taken():
-    source = (ROOT / "minitransformer" / "gguf.py").read_text()
-    top = source.split("\ndef ", 1)[0]
-    assert "quantised" not in top, "gguf.py imports chapter 18's module at the top"
-    assert source.count("from .quantised import") == 1
-
-
 def test_chapters_use_only_earlier_chapters():
     "No chapter's notebook or exported module imports the module of a later chapter."
     order = _chapter_order()
@@ -154,7 +142,7 @@ def test_chapters_use_only_earlier_chapters():
         code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
         code += (ROOT / "minitransformer" / f"{module_of[stem]}.py").read_text()
         late += [f"{stem} imports {m} (chapter {rank[m]})" for m in _imported_modules(code)
-                 if m in rank and rank[m] > i and (stem, m) not in LATER_BY_REQUEST]
+                 if m in rank and rank[m] > i]
     assert not late, "chapters must only use earlier chapters: " + "; ".join(late)
 
 

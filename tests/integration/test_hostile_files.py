@@ -21,6 +21,7 @@ from minitransformer.gguf import gguf_llama_rules, load_gguf
 from minitransformer.lora import add_lora, load_adapter, lora_layers, save_adapter
 from minitransformer.model import GPT, GPTConfig
 from minitransformer.pretrained import PretrainedTokenizer, llama_config, llama_rules, load_folder
+from minitransformer.quantised import QuantisedWeight, load_gguf_blocks
 
 gguf = pytest.importorskip("gguf")
 
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 from minitransformer.pretrained import load_folder
 from minitransformer.gguf import load_gguf
+from minitransformer.quantised import load_gguf_blocks
 from minitransformer.checkpoints import load_checkpoint
 vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30),) * 2)  # 2 GiB more than now
@@ -166,8 +168,9 @@ GGUF_META = {
     "tokenizer.ggml.merges": ["a b", "ab c"], "tokenizer.ggml.bos_token_id": 0}
 
 
-def gguf_file(path: Path, **changes) -> Path:
-    "A tiny llama GGUF (float32 random weights); metadata `changes` by key, '.' as '_'."
+def gguf_file(path: Path, blocks: bool = False, **changes) -> Path:
+    """A tiny llama GGUF (random weights: float32, or with `blocks` the matrices whose rows
+    are whole blocks in Q8_0); metadata `changes` by key, '.' as '_'."""
     meta = GGUF_META | {k.replace("__", "."): v for k, v in changes.items()}
     w = gguf.GGUFWriter(path, "llama")
     for key, value in meta.items():
@@ -184,8 +187,12 @@ def gguf_file(path: Path, **changes) -> Path:
                     position_encoding="rotary", max_len=64, tie_weights=True)
     state = GPT(cfg).state_dict()
     for name, (src, _) in gguf_llama_rules(2, 4, 2, True).items():
-        if name != "head.weight":
-            w.add_tensor(src, state[name].contiguous().numpy())
+        array = state[name].contiguous().numpy()
+        if name != "head.weight" and blocks and array.ndim == 2 and array.shape[1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(src, gguf.quants.quantize(array, q8), raw_dtype=q8)
+        elif name != "head.weight":
+            w.add_tensor(src, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -199,11 +206,25 @@ def test_the_tiny_gguf_loads(tmp_path):
     assert loaded.model.head.weight is loaded.model.embed.tok.weight  # tied: one
 
 
+def test_the_tiny_gguf_in_blocks_loads_both_ways_alike(tmp_path):
+    path = gguf_file(tmp_path / "q8.gguf", blocks=True)
+    kept, floats = load_gguf_blocks(path).model, load_gguf(path).model
+    assert isinstance(kept.decoder.layers[1].ff.w1.weight, QuantisedWeight)
+    assert not isinstance(kept.decoder.layers[1].ff.w2.weight, QuantisedWeight)  # 48 a row
+    assert kept.head.weight is kept.embed.tok.weight  # tied: one table of blocks
+    ids = torch.tensor([[0, 5, 9, 62, 63]])
+    with torch.no_grad():
+        assert torch.allclose(kept(ids), floats(ids), atol=1e-5)
+    with pytest.raises(ValueError, match="F32"):  # a float file has no blocks to keep
+        load_gguf_blocks(gguf_file(tmp_path / "f32.gguf"))
+
+
 @pytest.mark.timeout(120)
 def test_a_gguf_claiming_a_huge_width_is_refused_from_its_tensor_list(tmp_path):
     path = gguf_file(tmp_path / "wide.gguf", llama__embedding_length=2**20 * 4,
                      llama__feed_forward_length=2**30)
     refused(limited("load_gguf(path)", path), "ValueError", str(path), "shape")
+    refused(limited("load_gguf_blocks(path)", path), "ValueError", str(path), "shape")
 
 
 @pytest.mark.parametrize("changes, field", [
@@ -211,20 +232,22 @@ def test_a_gguf_claiming_a_huge_width_is_refused_from_its_tensor_list(tmp_path):
     ({"tokenizer__ggml__bos_token_id": 10**6}, "bos_token_id"),
     ({"tokenizer__ggml__merges": ["zz yy"]}, "merges"),
     ({"llama__attention__layer_norm_rms_epsilon": -1.0}, "layer_norm_rms_epsilon")])
-def test_gguf_metadata_out_of_range_names_the_field(tmp_path, changes, field):
-    path = gguf_file(tmp_path / "bad.gguf", **changes)
+@pytest.mark.parametrize("blocks", [False, True])
+def test_gguf_metadata_out_of_range_names_the_field(tmp_path, changes, field, blocks):
+    path = gguf_file(tmp_path / "bad.gguf", blocks, **changes)
     with pytest.raises(ValueError, match=field) as e:
-        load_gguf(path)
+        (load_gguf_blocks if blocks else load_gguf)(path)
     assert str(path) in str(e.value)
 
 
-def test_a_truncated_gguf_is_a_value_error_at_every_cut(tmp_path):
-    data = gguf_file(tmp_path / "whole.gguf").read_bytes()
+@pytest.mark.parametrize("blocks", [False, True])
+def test_a_truncated_gguf_is_a_value_error_at_every_cut(tmp_path, blocks):
+    data = gguf_file(tmp_path / "whole.gguf", blocks).read_bytes()
     for cut in (0, 4, 30, 200, 1000, len(data) // 3, len(data) // 2, len(data) - 8):
         path = tmp_path / f"cut{cut}.gguf"
         path.write_bytes(data[:cut])
         with pytest.raises(ValueError, match=str(path)):
-            load_gguf(path)
+            (load_gguf_blocks if blocks else load_gguf)(path)
 
 
 def test_chat_templates_name_messages():
@@ -263,7 +286,7 @@ def with_config(path: Path, **changes) -> Path:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["folder", "gguf", "checkpoint"])
+@pytest.mark.parametrize("kind", ["folder", "gguf", "gguf blocks", "checkpoint"])
 def test_ten_million_layers_are_refused_at_once(tmp_path, kind):
     "Each loader refuses the claim from the header, before building anything."
     path, call = {
@@ -271,6 +294,9 @@ def test_ten_million_layers_are_refused_at_once(tmp_path, kind):
                            "load_folder(path)"),
         "gguf": lambda: (gguf_file(tmp_path / "deep.gguf", llama__block_count=10**7),
                          "load_gguf(path)"),
+        "gguf blocks": lambda: (gguf_file(tmp_path / "deep.gguf", True,
+                                          llama__block_count=10**7),
+                                "load_gguf_blocks(path)"),
         "checkpoint": lambda: (with_config(tmp_path / "deep.safetensors", n_layers=10**7),
                                "load_checkpoint(path)")}[kind]()
     refused(limited(call, path, timeout=30), "ValueError", str(path), "10000000",

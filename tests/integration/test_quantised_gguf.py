@@ -46,10 +46,11 @@ def test_the_files_blocks_dequantise_as_gguf_bit_for_bit():
 
 
 @pytest.mark.slow
-def test_load_gguf_keeps_the_blocks_in_little_memory_and_computes_the_same():
+def test_load_gguf_blocks_keeps_the_blocks_in_little_memory_and_computes_the_same():
     from minitransformer.gguf import load_gguf, read_gguf
+    from minitransformer.quantised import load_gguf_blocks
     path = _smollm()
-    blocks = load_gguf(path, max_len=64, dequantise=False).model
+    blocks = load_gguf_blocks(path, max_len=64).model
     floats = load_gguf(path, max_len=64).model
     _, tensors = read_gguf(path)
     file_bytes = sum(int(t.n_bytes) for t in tensors.values())
@@ -63,12 +64,14 @@ def test_load_gguf_keeps_the_blocks_in_little_memory_and_computes_the_same():
     assert generate(blocks, ids.tolist(), 6) == generate(floats, ids.tolist(), 6)
 
 
-def test_load_pretrained_refuses_dequantise_false_for_a_folder(tmp_path):
-    from minitransformer.gguf import load_pretrained
-    with pytest.raises(ValueError, match="not a .gguf file"):
-        load_pretrained(tmp_path, dequantise=False)
-    with pytest.raises(ValueError, match="dequantise must be True or False, got 'no'"):
-        load_pretrained(_smollm(), dequantise="no")
+def test_load_gguf_blocks_checks_its_arguments_before_reading(tmp_path):
+    from minitransformer.quantised import load_gguf_blocks
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        load_gguf_blocks(tmp_path)
+    with pytest.raises(TypeError, match="dtype"):
+        load_gguf_blocks(_smollm(), dtype=torch.int8)
+    with pytest.raises(ValueError, match="max_len"):
+        load_gguf_blocks(_smollm(), max_len=0)
 
 
 def test_a_file_without_block_kinds_is_refused_before_building():
@@ -76,5 +79,7 @@ def test_a_file_without_block_kinds_is_refused_before_building():
     from minitransformer.quantised import _check_has_blocks
     f32 = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32)
     q4k = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.Q4_K)
+    file = SimpleNamespace(path="x.gguf", rules={"a": ("x", None), "b": ("y", None)},
+                           tensors={"x": f32, "y": q4k})
     with pytest.raises(ValueError, match="Q4_K"):
-        _check_has_blocks({"a": ("x", None), "b": ("y", None)}, {"x": f32, "y": q4k})
+        _check_has_blocks(file)

@@ -103,8 +103,8 @@ EXEMPT = {
            "Pretrained")},
     **{f"gguf.{name}": "reads GGUF files or their metadata; its own tests "
        "(tests/integration/test_pretrained_parity.py, tests/integration/test_hostile_files.py)" for name in (
-           "read_gguf", "gguf_config", "tokenizer_from_gguf", "load_gguf",
-           "load_pretrained")},
+           "read_gguf", "read_gguf_llama", "GGUFLlama", "tensor_from_gguf", "gguf_config",
+           "tokenizer_from_gguf", "load_gguf", "load_pretrained")},
     "viz.attention_weights": "runs a whole model with hooks; its own tests "
                              "(tests/unit/test_viz.py, "
                              "tests/integration/test_pretrained_parity.py)",
@@ -119,10 +119,13 @@ EXEMPT = {
     "lora.save_folder": "writes a model as a Hugging Face folder; its own tests "
                         "(tests/integration/test_peft_format.py)",
     **{f"quantised.{name}": "a constant (a table or a size)" for name in (
-        "BLOCK", "FEW_ROWS", "GGUF_KINDS", "KINDS")},
+        "BLOCK", "FEW_ROWS", "FORMATS")},
+    "quantised.BlockFormat": "a frozen record of constants (one per kind in FORMATS)",
     **{f"quantised.{name}": "reads GGUF files, or changes or measures a whole model; its "
        "own tests (tests/unit/test_quantised.py)" for name in (
            "gguf_blocks_model", "weight_from_gguf", "quantise", "weight_bytes")},
+    "quantised.load_gguf_blocks": "reads a GGUF file; its own tests "
+                                  "(tests/integration/test_quantised_gguf.py)",
     "quantised.pack": "regroups bytes that QuantisedWeight.from_float and the loader made; "
                       "fuzzed through QuantisedWeight",
     "instruct.IGNORE_ID": "a constant (an int)",

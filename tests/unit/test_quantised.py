@@ -17,7 +17,7 @@ from minitransformer.generation import generate
 from minitransformer.lora import add_lora, merge_lora
 from minitransformer.model import GPT, GPTConfig
 from minitransformer.quantised import (
-    KINDS,
+    FORMATS,
     QuantisedWeight,
     quantise,
     quantised_linear,
@@ -37,7 +37,7 @@ def _gpt(seed: int = 0, **kw) -> GPT:
     return GPT(GPTConfig(**(cfg | kw))).eval()
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(FORMATS))
 @pytest.mark.parametrize("shape", [(64,), (1, 64), (3, 5, 64), (2, 1, 64)])
 def test_product_and_sum_equals_dequantise_then_matmul(kind, shape):
     g = torch.Generator().manual_seed(4)

@@ -17,8 +17,8 @@ QUANT_X_MUTS = {"long": BAD, "list": BAD, "noncontig": VALID, "b0": VALID, "doub
 def _(data):
     q = _mod("quantised")
     p = Probe(data, ["kind", "weight", "x"])
-    kind = p.value("kind", st.sampled_from(sorted(q.KINDS)), ("q3_k", "Q8_0", 8, None),
-                   judge=lambda v: VALID if v in q.KINDS else BAD)
+    kind = p.value("kind", st.sampled_from(sorted(q.FORMATS)), ("q3_k", "Q8_0", 8, None),
+                   judge=lambda v: VALID if v in q.FORMATS else BAD)
     n_out, blocks = p.draw(st.integers(1, 5), label="out"), p.draw(st.integers(1, 3),
                                                                    label="blocks")
     weight = floats(p, (n_out, 32 * blocks), label="weight")

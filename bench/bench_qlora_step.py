@@ -15,7 +15,9 @@ and the same batches of 8 conversations. Counted, per model:
   torch's libraries and the tokenizer (about 0.3 GB), which neither model changes;
 - seconds a step: the median over `--repeats` rounds, each timing `--steps` steps of one model and
   then of the other (the first step of each model, which allocates, is not timed).
-Prints one JSON line per model, appended to --runs with "model": "step".
+Prints one JSON line per model, appended to --runs with "model": "step". Chapter 19's came from
+
+    python bench/bench_qlora_step.py --runs nbs/adapters/answer-because-runs.jsonl
 """
 import argparse
 import copy
@@ -44,8 +46,8 @@ def step_peak(model, next_batch) -> int:
     "The most bytes the CPU allocator held above its start during one step of `train`."
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         train(model, next_batch, reply_loss, steps=1, lr=2e-3, log_every=0)
-    deltas = sorted((e.time_range.start, e.cpu_memory_usage) for e in prof.events()
-                    if e.name == "[memory]")
+    deltas = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")  # every allocation (+) and free (-), in order
     held = peak = 0
     for _, delta in deltas:
         held += delta
@@ -72,7 +74,8 @@ def main() -> None:
     nets, rows = {}, {}
     for name, loaded in models.items():
         seed_everything(0)
-        nets[name] = add_lora(copy.deepcopy(loaded.model).train(), TARGETS, r=4, alpha=8.0)
+        nets[name] = copy.deepcopy(loaded.model).train()
+        add_lora(nets[name], TARGETS, r=4, alpha=8.0)
         trainable = sum(p.numel() * p.element_size() for p in nets[name].parameters() if p.requires_grad)
         rows[name] = {"model": "step", "base": name, "threads": args.threads, "batch": args.batch,
                       "weight_bytes": weight_bytes(nets[name]), "optimizer_bytes": 2 * trainable,

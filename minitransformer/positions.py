@@ -156,7 +156,7 @@ class RotaryEmbedding(nn.Module):
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
-        xf = x.float()  # float32 arithmetic also for bfloat16 (a no-op for float32)
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bfloat16: in float32
         # every pair (a, b) turned a quarter turn, to (-b, a):
         if self.interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
             turned = torch.stack([-xf[..., 1::2], xf[..., 0::2]], -1).flatten(-2)

@@ -58,3 +58,15 @@ def test_rotary_tables_rotate_exactly_as_the_pairs_formula(interleaved):
         a, b = x.chunk(2, -1)
         ref = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
     assert torch.equal(rope(x, positions), ref)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_passes_gradcheck_in_float64(interleaved):
+    "float64 queries are rotated in float64 (not rounded to float32 on the way)."
+    rope = RotaryEmbedding(8, max_len=16, interleaved=interleaved)
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([0, 3, 4, 9, 15])
+    rotate = lambda t: rope(t, positions)
+    assert rotate(x).dtype == torch.float64
+    assert torch.autograd.gradcheck(rotate, (x,))
+    assert torch.autograd.gradgradcheck(rotate, (x,))

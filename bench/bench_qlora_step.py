@@ -2,22 +2,25 @@
 GGUF file's own Q4_1/Q8_0 blocks (QLoRA), side by side in one process: what each holds, its peak of
 live tensors, and its seconds per step (chapter 19's comparison).
 
-    python bench/bench_qlora_step.py [--repeats 3] [--steps 4] [--threads 2] [--runs FILE]
+    python bench/bench_qlora_step.py [--repeats 3] [--steps 4] [--threads 2] [--out FILE]
 
 Both models get the same adapters (r=4 on the attention projections, as bench/train_instruct.py)
 and the same batches of 8 conversations. Counted, per model:
 - weights: `weight_bytes` of the model with its adapters (every parameter and buffer, each storage
   once; a block weight: its codes, scales and offsets);
 - optimizer: AdamW's two float32 moments for each trainable number;
-- peak: the weights plus the most bytes PyTorch's CPU allocator held above them during one step
-  of `train` (activations, gradients, AdamW's moments, dequantised temporaries), from the
-  profiler's memory events. The process's resident memory also holds the Python interpreter,
-  torch's libraries and the tokenizer (about 0.3 GB), which neither model changes;
+- peak: the weights plus the most bytes PyTorch's CPU allocator held at once, beyond what it held
+  before, during the first step of `train` (activations, gradients, AdamW's moments, which that
+  step allocates, and dequantised temporaries), from the profiler's memory events. The process's
+  resident memory also holds the Python interpreter, torch's libraries and the tokenizer, which
+  neither model changes;
 - seconds a step: the median over `--repeats` rounds, each timing `--steps` steps of one model and
-  then of the other (the first step of each model, which allocates, is not timed).
-Prints one JSON line per model, appended to --runs with "model": "step". Chapter 19's came from
+  then of the other (each round's `train` makes its own AdamW, whose moments its first step
+  allocates; the step that first runs each model is not timed).
+Prints one JSON line per model ("weights": "float32" or "blocks"), written to --out. Chapter 19's
+came from
 
-    python bench/bench_qlora_step.py --runs nbs/adapters/answer-because-runs.jsonl
+    python bench/bench_qlora_step.py --out nbs/adapters/qlora-step.jsonl
 """
 import argparse
 import copy
@@ -61,26 +64,30 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--runs", type=Path, default=None, help="append each JSON line here")
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON lines here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    models = {"float32": load_gguf(SMOLLM, max_len=512), "blocks": load_gguf_blocks(SMOLLM, max_len=512)}
+    models = {"float32": load_gguf(SMOLLM, max_len=512),
+              "blocks": load_gguf_blocks(SMOLLM, max_len=512)}
     tok = models["float32"].tokenizer
     train_pairs, _ = answer_because_data()
     examples = [chat_example(tok, q, r) for q, r, _ in train_pairs]
     g = torch.Generator().manual_seed(0)
-    batches = [collate([examples[i] for i in torch.randint(len(examples), (args.batch,), generator=g).tolist()],
-                       tok.pad_id) for _ in range(args.steps)]
+    picks = [torch.randint(len(examples), (args.batch,), generator=g).tolist()
+             for _ in range(args.steps)]
+    batches = [collate([examples[i] for i in pick], tok.pad_id) for pick in picks]
     nets, rows = {}, {}
     for name, loaded in models.items():
         seed_everything(0)
         nets[name] = copy.deepcopy(loaded.model).train()
         add_lora(nets[name], TARGETS, r=4, alpha=8.0)
-        trainable = sum(p.numel() * p.element_size() for p in nets[name].parameters() if p.requires_grad)
-        rows[name] = {"model": "step", "base": name, "threads": args.threads, "batch": args.batch,
+        trainable = sum(p.numel() * p.element_size() for p in nets[name].parameters()
+                        if p.requires_grad)
+        rows[name] = {"weights": name, "threads": args.threads, "batch": args.batch,
                       "weight_bytes": weight_bytes(nets[name]), "optimizer_bytes": 2 * trainable,
                       "trainable_bytes": trainable}
-        rows[name]["peak_bytes"] = rows[name]["weight_bytes"] + step_peak(nets[name], lambda s: batches[0])
+        peak = step_peak(nets[name], lambda s: batches[0])
+        rows[name]["peak_bytes"] = rows[name]["weight_bytes"] + peak
     seconds = {name: [] for name in nets}
     for _ in range(args.repeats):
         for name, net in nets.items():
@@ -88,14 +95,14 @@ def main() -> None:
             train(net, lambda s: batches[s % len(batches)], reply_loss, steps=args.steps, lr=2e-3,
                   log_every=0)
             seconds[name].append((time.perf_counter() - t0) / args.steps)
+    lines = []
     for name, row in rows.items():
         row |= {"seconds_per_step": statistics.median(seconds[name]), "rounds": seconds[name],
                 "steps_timed": args.steps}
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.runs is not None:
-            with open(args.runs, "a") as f:
-                f.write(line + "\n")
+        lines.append(json.dumps(row))
+        print(lines[-1], flush=True)
+    if args.out is not None:
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

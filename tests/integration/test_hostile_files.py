@@ -215,8 +215,17 @@ def test_the_tiny_gguf_in_blocks_loads_both_ways_alike(tmp_path):
     ids = torch.tensor([[0, 5, 9, 62, 63]])
     with torch.no_grad():
         assert torch.allclose(kept(ids), floats(ids), atol=1e-5)
-    with pytest.raises(ValueError, match="F32"):  # a float file has no blocks to keep
-        load_gguf_blocks(gguf_file(tmp_path / "f32.gguf"))
+
+
+def test_a_gguf_without_blocks_is_refused_before_building(tmp_path, monkeypatch):
+    import minitransformer.quantised as quantised
+    path = gguf_file(tmp_path / "f32.gguf")  # float32: no blocks to keep
+
+    def build(*args):
+        raise AssertionError("a model was built for a file that is refused")
+    monkeypatch.setattr(quantised, "_gguf_blocks_model", build)
+    with pytest.raises(ValueError, match=r"F32.*load_gguf reads any kind"):
+        load_gguf_blocks(path)
 
 
 @pytest.mark.timeout(120)

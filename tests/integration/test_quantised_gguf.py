@@ -64,14 +64,23 @@ def test_load_gguf_blocks_keeps_the_blocks_in_little_memory_and_computes_the_sam
     assert generate(blocks, ids.tolist(), 6) == generate(floats, ids.tolist(), 6)
 
 
-def test_load_gguf_blocks_checks_its_arguments_before_reading(tmp_path):
+def test_load_gguf_blocks_refuses_bad_arguments(tmp_path):
     from minitransformer.quantised import load_gguf_blocks
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         load_gguf_blocks(tmp_path)
-    with pytest.raises(TypeError, match="dtype"):
-        load_gguf_blocks(_smollm(), dtype=torch.int8)
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(TypeError, match="dtype"):  # before the path is looked at
+        load_gguf_blocks(tmp_path / "missing.gguf", dtype=torch.int8)
+    with pytest.raises(ValueError, match="max_len"):  # with the header's numbers
         load_gguf_blocks(_smollm(), max_len=0)
+
+
+def test_each_gguf_format_matches_the_gguf_package():
+    "Our BlockFormat of each GGUF type: gguf's weights a block, and its type by that name."
+    from minitransformer.quantised import FORMATS
+    for fmt in FORMATS.values():
+        if fmt.gguf_type is not None:
+            block, _ = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt.gguf_type]]
+            assert block == fmt.block, fmt
 
 
 def test_a_file_without_block_kinds_is_refused_before_building():

@@ -121,11 +121,11 @@ EXEMPT = {
     **{f"quantised.{name}": "a constant (a table or a size)" for name in (
         "BLOCK", "FEW_ROWS", "FORMATS")},
     "quantised.BlockFormat": "a frozen record of constants (one per kind in FORMATS)",
-    **{f"quantised.{name}": "reads GGUF files, or changes or measures a whole model; its "
-       "own tests (tests/unit/test_quantised.py)" for name in (
-           "gguf_blocks_model", "weight_from_gguf", "quantise", "weight_bytes")},
-    "quantised.load_gguf_blocks": "reads a GGUF file; its own tests "
-                                  "(tests/integration/test_quantised_gguf.py)",
+    **{f"quantised.{name}": "changes or measures a whole model; its own tests "
+       "(tests/unit/test_quantised.py)" for name in ("quantise", "weight_bytes")},
+    **{f"quantised.{name}": "reads GGUF files; its own tests "
+       "(tests/integration/test_quantised_gguf.py, tests/integration/test_hostile_files.py)"
+       for name in ("weight_from_gguf", "load_gguf_blocks")},
     "quantised.pack": "regroups bytes that QuantisedWeight.from_float and the loader made; "
                       "fuzzed through QuantisedWeight",
     "instruct.IGNORE_ID": "a constant (an int)",

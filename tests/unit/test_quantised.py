@@ -457,3 +457,17 @@ def test_compiled_generation_of_a_deep_quantised_model():
     prompt = [[1, 2, 3, 4]]
     torch._dynamo.reset()
     assert generate(model, prompt, 4, compile=True) == generate(model, prompt, 4)
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_the_input_gradient_is_grad_times_the_weight_from_one_float_buffer(kind):
+    "Backward: grad·W in the codes' order, reordered: one float buffer of the weight's size."
+    layer = _layer(torch.randn(1536, 576, generator=torch.Generator().manual_seed(9)), kind)
+    x = torch.randn(2, 3, 576, requires_grad=True)
+    g = torch.randn(2, 3, 1536)
+    layer(x).backward(g)
+    want = g.double() @ layer.weight.dequantise().double()
+    assert (x.grad.double() - want).abs().max() < 1e-4 * want.abs().max()
+    y = layer(x)
+    allocated = _self_bytes(lambda: y.backward(g))
+    assert allocated <= 1.5 * 1536 * 576 * 4, allocated / (1536 * 576 * 4)  # + int32 codes

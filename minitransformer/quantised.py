@@ -172,11 +172,7 @@ def _floats(kind, words, scales, mins, dtype: torch.dtype, rows=None) -> torch.T
 def _blocks_weight(kind, words, scales, mins, dtype, rows=None) -> torch.Tensor:
     "The float weight `(O, C)` (or its rows `rows`) of the blocks, in weight order."
     w = _floats(kind, words, scales, mins, dtype, rows)  # (nb, codes a word, W, n)
-    if FORMATS[kind].bits == 8:  # (nb, byte, word, n): weight 4·word + byte
-        w = w.transpose(1, 2)
-    else:  # (nb, byte, nibble, word, n): weight 16·nibble + 4·word + byte
-        w = w.unflatten(1, (4, 2)).permute(0, 2, 3, 1, 4)
-    return w.flatten(0, -2).T  # (n, C)
+    return _in_weight_order(w.flatten(0, 2).T, FORMATS[kind].bits, words.shape[1])
 
 
 def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,

@@ -12,7 +12,7 @@ import torch
 # %% auto #0
 __all__ = ['shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number', 'check_probability',
            'check_dropout', 'check_choice', 'check_flag', 'check_str', 'check_bool_mask', 'is_integer_tensor',
-           'check_float_dtype', 'autocast_on', 'check_dtype', 'check_width', 'check_module', 'tracing', 'check_backend']
+           'check_float_dtype', 'autocast_on', 'check_dtype', 'check_module', 'tracing', 'check_backend']
 
 # %% ../nbs/93_checks.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
@@ -190,20 +190,6 @@ def check_dtype(t: torch.Tensor, name: str, dtype: torch.dtype, owner: str, *,
 
 
 # %% ../nbs/93_checks.ipynb #6e2b8f31
-def check_width(x, name: str, width: int, owner: str | None = None, *,
-                min_dim: int = 1) -> torch.Tensor:
-    """`x` if it is a floating tensor with `min_dim` (at least 1) or more dimensions
-    whose last one, its width, is `width`; else raise naming `name`. `owner` says who
-    wants the width, e.g. "FeedForward expects d_model": the message then ends "but
-    FeedForward expects d_model=12" rather than "expected 12"."""
-    check_tensor(x, name, min_dim=max(check_int(min_dim, "min_dim"), 1), floating=True)
-    if x.shape[-1] != check_int(width, "width", minimum=0):
-        wanted = f", expected {width}" if owner is None else f" but {owner}={width}"
-        raise ValueError(f"{name} has width {x.shape[-1]} (shape {shape_str(x)})"
-                         f"{wanted}")
-    return x
-
-
 def check_module(value, name: str = "model") -> torch.nn.Module:
     "`value` if it is a `torch.nn.Module`; else raise a TypeError naming `name`."
     if not isinstance(value, torch.nn.Module):

@@ -223,10 +223,9 @@ def _check_embedding_args(vocab_size, d_model, padding_idx, scale, init_std):
 
 # %% ../nbs/02_embeddings.ipynb #a3248466
 class TokenEmbedding(nn.Module):
-    """Ids `(..., T)` → vectors `(..., T, C)`, rows of a `(vocab_size, C)` table.
-    An id outside the table raises a `ValueError` naming it (the models check their
-    ids' range when a call starts; alone, the module reads the ids only when
-    `F.embedding` refuses one)."""
+    """Ids `(..., T)` → vectors `(..., T, C)`, rows of a `(vocab_size, C)` table. The
+    module trusts its ids: the models check them where a call begins
+    (`check_token_ids`), and an id outside the table has no row to look up."""
 
     def __init__(self,
                  vocab_size: int,  # vocabulary size |V|
@@ -249,15 +248,8 @@ class TokenEmbedding(nn.Module):
             with torch.no_grad():
                 self.weight[self.padding_idx].zero_()
 
-    def forward(self, ids: torch.Tensor,
-                name: str = "token ids") -> torch.Tensor:  # `name`: for error messages
-        if not (isinstance(ids, torch.Tensor) and is_integer_tensor(ids)):
-            check_token_ids(ids, self.vocab_size, name)  # raises: not integer ids
-        try:
-            x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T, C)
-        except IndexError:  # an id outside the table: say which (values read now)
-            check_token_ids(ids, self.vocab_size, name)
-            raise
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.weight, self.padding_idx)  # (..., T, C)
         return x * math.sqrt(self.d_model) if self.scale else x
 
     def extra_repr(self) -> str:

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minitransformer.checks import (
-    check_dropout, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    check_width)
+from .checks import (
+    check_dropout, check_float_dtype, check_positive_int, check_tensor)
 
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'activation', 'FeedForward']
@@ -67,9 +66,6 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (not isinstance(x, torch.Tensor) or x.dim() == 0
-                or x.shape[-1] != self.d_model or x.dtype != self.w1.weight.dtype):
-            _check_input(x, self.d_model, self.w1.weight.dtype)  # (..., C), its dtype
         h = _activation(self.activation, self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:
             h = h * self.w3(x)  # SwiGLU: gate ⊙ value
@@ -92,8 +88,3 @@ def _check_ffn_args(activation, d_model, d_ff, dropout, dtype) -> None:
     check_dropout(dropout)
     check_float_dtype(dtype)
 
-
-def _check_input(x, d_model: int, dtype: torch.dtype) -> None:
-    "Raise unless `x` is a floating tensor `(..., d_model)` of the weights' `dtype`."
-    check_width(x, "x", d_model, "FeedForward expects d_model")
-    check_dtype(x, "x", dtype, "the FeedForward's weights")

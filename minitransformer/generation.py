@@ -139,8 +139,6 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
     if backend is not None and not use_cache:
         raise ValueError("compile=... compiles the cached one-token step; it needs "
                          "use_cache=True")
-    if backend is not None:
-        _check_no_layer_hooks(model)
     if stop_token is not None:
         check_int(stop_token, "stop_token")
     encdec = isinstance(model, Transformer)
@@ -161,19 +159,6 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
         if len(src_rows) != len(rows):
             raise ValueError(f"{len(rows)} prompts but {len(src_rows)} sources")
     return rows, src_rows, max_new_tokens, backend
-
-
-def _check_no_layer_hooks(model) -> None:
-    """Raise if a forward hook or an instance `forward` sits inside a decoder layer:
-    compiled, the layers run as one nested region, in which torch drops a hook's Python
-    side effects (hooks on the model, its head or its embedding run as usual)."""
-    for name, m in model.decoder.layers.named_modules(prefix="decoder.layers"):
-        if m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m):
-            raise ValueError(
-                f"compile=...: {name} has a forward hook or its own forward; inside "
-                "the compiled region of the layers its Python side effects would be "
-                "lost. "
-                "Remove it, hook the model or its head instead, or pass compile=False")
 
 
 def _check_bandwidth_args(n_bytes, repeats) -> tuple[int, int]:
@@ -224,9 +209,10 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     """Continue each prompt token by token. Prompts of different lengths are padded
     on the left, with positions counted from each row's first real token and the
     padding masked, so each row gets exactly the tokens it would get alone.
-    `compile` runs the one-token steps through `torch.compile` (`_compiled_step`):
-    over a static cache whose length is a symbol, so calls of any length reuse the
-    compiled code (a batch of one row has a graph of its own)."""
+    `compile` runs the one-token steps through `torch.compile` (`_compiled_step`),
+    one graph a step (greedy: the choice of the token included), over a static cache
+    written at a slot held on the device and sized in powers of two, so that calls of
+    other lengths reuse the compiled code."""
     rows, src_rows, max_new_tokens, backend = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
         generator, use_cache, compile)
@@ -239,28 +225,36 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         src = pad_ids(src_rows, pad)[0].to(device)
         memory, source_mask = model.encode(src)
     cache, static = None, backend is not None
+    slots = _slots(total, model.config.max_len) if static else total  # cache length
     if use_cache and encdec:
-        cache = model.make_cache(memory, total, static)  # cross-attention filled once
+        cache = model.make_cache(memory, slots, static)  # cross-attention filled once
     elif use_cache:
-        cache = model.make_cache(B, total, static=static)
+        cache = model.make_cache(B, slots, static=static)
+    if static:  # the mask covers every slot; those not yet written are not real
+        real = torch.cat([real, real.new_zeros(B, slots - total)], 1)  # (B, slots)
     sampling = (float(temperature), top_k, top_p, generator)
+    greedy = sampling[0] == 0.0  # compiled: the argmax is part of the step
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
-    step = _step if backend is None else _compiled_step(backend)  # one-token steps
-    if backend is not None:
-        _static_heads(cache)
+    step = _step if backend is None else _compiled_step(backend, greedy)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
     drawn, out, done = [], [[] for _ in range(B)], [False] * B
     for t in range(P, total):
         one = cache is not None and t > P  # the newest token alone, after the cache
         lo = t - 1 if one else 0
         kw = dict(positions=positions[:, lo:t], cache=cache)
-        if one and not encdec and (padded or static):  # its mask row: a view
-            kw["full_attention_mask"] = real4 if static else real4[..., :t]
+        if one and static:  # written at slot t - 1; the mask: the real slots
+            kw |= dict(cache_position=torch.tensor([lo], device=device),
+                       attention_mask=real)
+        elif one and not encdec and padded:  # its mask row: a view
+            kw["full_attention_mask"] = real4[..., :t]
         elif padded or (static and encdec):  # the prompt (or all): built once
             kw["attention_mask"] = real if static else real[:, :t]
         mem = memory if cache is None else None  # (a cache holds the encoder's keys)
         logits = (step if one else _step)(model, ids[:, lo:t], mem, source_mask, kw)
-        nxt = _sample(logits, *sampling)  # (B,), -1 where the logits are not finite
+        if one and static:  # (its caller, generate, keeps the cache's length)
+            cache.length = t
+        nxt = (logits if one and static and greedy  # (B,): the step chose them
+               else _sample(logits, *sampling))  # -1 where the logits are not finite
         ids[:, t], real[:, t] = nxt.clamp(min=0), True
         if stop_token is None:  # read once, at the end
             drawn.append(nxt)
@@ -309,23 +303,35 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
 _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
 
 
+def _slots(total: int, max_len: int) -> int:
+    """A compiled step's cache length for `total` tokens: the next power of two from
+    64 on (at most `max_len`), so that most calls share a graph."""
+    return min(max_len, max(64, 1 << (total - 1).bit_length()))
+
+
+def _greedy_step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
+    "`_step` and the greedy choice: each row's next token `(B,)` (-1: not finite)."
+    return _sample(_step(model, ids, memory, source_mask, kw), 0.0, None, None, None)
+
+
 @functools.cache
-def _compiled_step(backend: str):
-    """`_step` through `torch.compile` with `backend`: one graph of the step around
-    one compiled region, `layers._layer_step`, that every layer calls."""
-    compiled = torch.compile(_step, backend=backend, dynamic=True)  # lengths: symbols
+def _compiled_step(backend: str, greedy: bool):
+    """`_step` (or `_greedy_step`) through `torch.compile` with `backend`, as one graph:
+    every shape static, the cache's write slot a tensor."""
+    compiled = torch.compile(_greedy_step if greedy else _step, backend=backend,
+                             fullgraph=True, dynamic=False)
     cfg, exc = torch._dynamo.config, torch._dynamo.exc  # (older torch: "cache" names)
     limits = {k: v for k, v in dict(
         recompile_limit=_RECOMPILE_LIMIT, cache_size_limit=_RECOMPILE_LIMIT,
         fail_on_recompile_limit_hit=True, fail_on_cache_limit_hit=True,
-        specialize_float=True).items() if hasattr(cfg, k)}  # (floats: constants)
+        ).items() if hasattr(cfg, k)}
     hit = tuple(getattr(exc, name) for name in (
         "FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, name))
 
     def step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
-        own = dict(memory_format=torch.contiguous_format)  # copies, not views: a view's
-        ids = ids.clone(**own)  # offset into generate's buffers would be one more
-        kw = kw | dict(positions=kw["positions"].clone(**own))  # number to guard
+        own = dict(memory_format=torch.contiguous_format)  # copies, not views into
+        ids = ids.clone(**own)  # generate's buffers (whose offsets change each step)
+        kw = kw | dict(positions=kw["positions"].clone(**own))
         try:
             with cfg.patch(**limits):  # (never silently eager)
                 return compiled(model, ids, memory, source_mask, kw)
@@ -335,14 +341,16 @@ def _compiled_step(backend: str):
                 "graphs of generate's step in this process (one per model "
                 "configuration, or per change that its guards see), its limit; call "
                 "torch._dynamo.reset() to start again, or pass compile=False") from e
+        except exc.Unsupported as e:  # fullgraph: a break is an error, not a slow step
+            raise RuntimeError(
+                f"compile={backend!r}: the step cannot be compiled as one graph "
+                f"({_hooked(model) or 'see the cause above'}); remove it, or pass "
+                "compile=False") from e
     return step
 
 
-
-def _static_heads(cache) -> None:
-    """Under `dynamic=True` every size is a symbol; the cache's heads and head width
-    are fixed by the weights, so they are marked as the numbers they are."""
-    for c in cache.self_attn + (cache.cross_attn or []):
-        for buffer in (c.k, c.v):  # (B, H_kv, max_len, D): B and max_len stay symbols
-            torch._dynamo.mark_static(buffer, 1)
-            torch._dynamo.mark_static(buffer, 3)
+def _hooked(model) -> str:
+    "The modules of `model` with a forward hook or their own `forward`, named."
+    names = [name or "the model" for name, m in model.named_modules()
+             if m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m)]
+    return f"hooked: {', '.join(names)}" if names else ""

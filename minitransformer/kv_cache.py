@@ -10,7 +10,7 @@ from torch import nn
 
 from .checks import (
     check_dtype, check_flag, check_float_dtype, check_int, check_positive_int,
-    check_tensor, shape_str)
+    check_tensor, shape_str, tracing)
 from .layers import Decoder
 
 # %% auto #0
@@ -19,15 +19,19 @@ __all__ = ['KVCache', 'check_encoder_output', 'DecoderCache']
 # %% ../nbs/10_kv_cache.ipynb #12dd146b
 class KVCache(nn.Module):
     """Keys and values of one layer, in `(B, H_kv, max_len, D)` buffers allocated once
-    (a module, as in torchtune and gpt-fast, though it has no weights: a compiler then
-    takes its tensors as inputs of the code it compiles, not as constants).
+    (a module's buffers, as in torchtune and gpt-fast, though it has no weights: `.to`,
+    `state_dict` and `deepcopy` carry them, and a compiler takes them as inputs of the
+    code it compiles, not as constants).
 
     `update(k, v)` writes the new `(B, H_kv, T, D)` entries after the `len(cache)`
-    stored ones and returns all of them; the cache knows its own length and refuses to
-    grow past `max_len`. A `static` cache returns the whole buffers instead, so shapes
-    stay the same from token to token (for `torch.compile`); the caller then masks the
-    positions from `len(cache)` on. In a `DecoderCache`, the layers' caches share the
-    stack's one length, which the `Decoder` advances once per call."""
+    stored ones and returns all of them; the cache knows its own length (a model checks
+    the room for more where its call begins, `DecoderCache.check_fits`). A `static`
+    cache returns the whole buffers instead, so shapes stay the same from token to
+    token (for `torch.compile`); the caller then masks the positions from `len(cache)`
+    on. It may also be told where to write: `update(k, v, slots)` with `slots` a
+    `(T,)` tensor of positions in the buffers, the caller keeping the length (no
+    number on the host is read or changed). In a `DecoderCache`, the layers' caches
+    share the stack's one length, which the `Decoder` advances once per call."""
 
     def __init__(self, batch_size: int,
                  n_kv_heads: int,  # H_kv, the key/value heads (n_kv_heads of a layer)
@@ -41,8 +45,8 @@ class KVCache(nn.Module):
         check_float_dtype(dtype, allow_none=False)
         super().__init__()
         shape = (batch_size, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, H_kv, max_len, D)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype))
+        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype))
         self.length = 0  # how many positions hold real keys and values (alone)
         self.stack = None  # the DecoderCache whose length this cache shares, if any
         self.static = check_flag(static, "static")
@@ -59,23 +63,22 @@ class KVCache(nn.Module):
         "Bytes held by the two buffers (allocated, whatever is in use)."
         return 2 * self.k.numel() * self.k.element_size()
 
-    def update(self, k: torch.Tensor,
-               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor,
+               slots: torch.Tensor | None = None,  # static: (T,) positions to write
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `k`, `v` of shape `(B, H_kv, T, D)`; return every stored key and
-        value (in a `DecoderCache`: the stack's length advances after the call)."""
-        buf = self.k  # (B, H_kv, max_len, D): k and v must fit it
-        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-                and k.dim() == 4 and k.shape == v.shape and k.shape[:2] == buf.shape[:2]
-                and k.is_floating_point() and v.is_floating_point()
-                and k.shape[3] == buf.shape[3] and k.device == buf.device == v.device):
-            _check_entries(buf, k, v)  # raises (appendix D: shapes, here)
+        value (in a `DecoderCache`: the stack's length advances after the call). With
+        `slots`: write them there, and return the whole buffers."""
+        if slots is not None:  # a write at positions held on the device (gpt-fast's
+            self.k.index_copy_(2, slots, k.to(self.k.dtype))  # k_cache[:, :, pos]
+            self.v.index_copy_(2, slots, v.to(self.v.dtype))  # = k): in the buffers'
+            return self.k, self.v  # dtype, as below
         past = self.length if self.stack is None else self.stack.length
-        T = k.shape[2]
-        if past + T > buf.shape[2]:
-            _check_room(past, T, buf.shape[2])  # raises
+        T = k.shape[2]  # (a model has checked the room for T more where its call began)
         # written in place: no torch.cat, no new memory
-        self.k[:, :, past : past + T] = k  # (in the buffers' dtype: autocast may
-        self.v[:, :, past : past + T] = v  # compute k, v in another)
+        self.k.narrow(2, past, T).copy_(k)  # (in the buffers' dtype: autocast may
+        self.v.narrow(2, past, T).copy_(v)  # compute k, v in another; past the end,
+        # narrow raises: a slice would quietly be empty)
         if self.stack is None:
             self.length = past + T
         if self.static:  # (B, H_kv, max_len, D): positions from len on must be masked
@@ -124,23 +127,6 @@ def _check_room(past: int, T: int, max_len: int) -> None:
         raise ValueError(f"KV cache overflow: {past} positions cached + {T} new > "
                          f"max_len {max_len}; allocate a longer cache")
 
-
-def _check_entries(buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    "Raise unless new keys `k` and values `v` `(B, H, T, D)` fit a cache `buffer`."
-    B, H, _, D = buffer.shape
-    for t, name in ((k, "k"), (v, "v")):
-        check_tensor(t, name)
-        if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H, D):
-            raise ValueError(f"{name} of shape {shape_str(t)} does not fit a cache "
-                             f"of (B, H, max_len, D) = {shape_str(buffer)}")
-    if not (k.is_floating_point() and v.is_floating_point()):
-        raise TypeError(f"k and v must be floating, got {k.dtype} and {v.dtype}")
-    if (k.device, v.device) != (buffer.device,) * 2:
-        raise ValueError(f"k (on {k.device}) and v (on {v.device}) must be on the "
-                         f"cache's device, {buffer.device}")
-    if v.shape[2] != k.shape[2]:
-        raise ValueError(f"k {shape_str(k)} and v {shape_str(v)} must hold the "
-                         "same number of positions")
 
 # %% ../nbs/10_kv_cache.ipynb #e5c7d5f6
 def check_encoder_output(memory, d_model: int,
@@ -215,8 +201,10 @@ def _check_cross_fill(cache, decoder, memory) -> None:
                         decoder.layers[0].cfg.d_model)
 
 
-def _check_cache_fits(cache, decoder, B: int, T: int, memory) -> None:
-    "Raise unless `cache` fits `decoder` for T new tokens of B sequences and `memory`."
+def _check_cache_fits(cache, decoder, B: int, T: int, memory,
+                      cache_position=None) -> None:
+    """Raise unless `cache` fits `decoder` for T new tokens of B sequences and `memory`
+    (at the slots `cache_position`: its values are the caller's to bound)."""
     cross, n = cache.cross_attn, len(decoder.layers)
     if not decoder.cross_attention and cross is not None:
         raise ValueError("this stack has no cross-attention, but the cache has "
@@ -238,7 +226,29 @@ def _check_cache_fits(cache, decoder, B: int, T: int, memory) -> None:
         raise ValueError(f"the cache has {len(cache.self_attn)} layers' caches for "
                          f"a stack of {n} layers")
     _check_allocation(cache.self_attn + list(cross or []), decoder.layers[0], B)
-    _check_room(cache.length, T, cache.max_len)
+    if cache_position is None:
+        _check_room(cache.length, T, cache.max_len)
+    else:
+        _check_slots(cache_position, cache.static, T, cache.max_len)
+
+
+def _check_slots(cache_position, static: bool, T: int, max_len: int) -> None:
+    "Raise unless `cache_position` is `(T,)` slots in [0, max_len) of a static cache."
+    check_tensor(cache_position, "cache_position")
+    if not static:
+        raise ValueError("cache_position writes at given slots of a static cache "
+                         "(make_cache(..., static=True)); this one grows")
+    if (cache_position.dim() != 1 or cache_position.shape[0] != T
+            or cache_position.dtype != torch.long):
+        raise ValueError(f"cache_position must be ({T},) int64 slots, one per new "
+                         f"token, got {shape_str(cache_position)} "
+                         f"{cache_position.dtype}")
+    if tracing():  # (appendix D: no values to read)
+        return
+    low, high = torch.stack(torch.aminmax(cache_position)).tolist()  # one transfer
+    if low < 0 or high >= max_len:
+        raise ValueError(f"cache_position must lie in [0, {max_len}), the cache's "
+                         f"slots, got values from {low} to {high}")
 
 
 def _check_allocation(caches: list, layer, B: int) -> None:
@@ -310,11 +320,13 @@ class DecoderCache:
                 c.reset()
             raise
 
-    def check_fits(self, decoder: Decoder, B: int, T: int, memory=None) -> int:
+    def check_fits(self, decoder: Decoder, B: int, T: int, memory=None,
+                   cache_position=None) -> int:
         """Raise unless this cache fits `decoder` (a stack) for T new tokens of B
         sequences and the encoder output `memory` (None when the cache holds its keys
-        and values); return how many key positions self-attention then reads."""
-        _check_cache_fits(self, decoder, B, T, memory)
+        and values), written at `cache_position` (the slots, `(T,)`) if given; return
+        how many key positions self-attention then reads."""
+        _check_cache_fits(self, decoder, B, T, memory, cache_position)
         return self.max_len if self.static else self.length + T
 
     def start_call(self, T: int) -> int:
@@ -322,6 +334,14 @@ class DecoderCache:
         if not (type(T) is int and 0 <= T <= self.max_len - self.length):
             _check_room(self.length, check_int(T, "T", minimum=0), self.max_len)
         return self.length
+
+    def slot_mask(self, slots: torch.Tensor,
+                  real: torch.Tensor | None = None) -> torch.Tensor:
+        """Self-attention's mask for tokens written at `slots` `(T,)`: each sees the
+        slots up to its own, `(T, max_len)`, and with `real` `(B, max_len)` only the
+        real ones, `(B, 1, T, max_len)`. Compared on the device: no length is read."""
+        mask = torch.arange(self.max_len, device=slots.device) <= slots[:, None]
+        return mask if real is None else mask & real[:, None, None, :]
 
     def __len__(self) -> int:
         "Tokens processed so far (every layer's self-attention cache holds as many)."

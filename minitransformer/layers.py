@@ -6,14 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention import check_mask
-from .checks import (
-    broadcast_shape, check_bool_mask, check_choice, check_dropout, check_dtype,
-    check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
-    check_width, shape_str)
+from minitransformer.checks import (
+    check_choice, check_dropout, check_flag, check_float_dtype, check_number,
+    check_positive_int)
 from .feedforward import ACTIVATIONS, FeedForward
 from .multihead import MultiHeadAttention, check_heads, default_positions
 
@@ -33,9 +30,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (not isinstance(x, torch.Tensor) or not x.is_floating_point()
-                or x.dim() == 0 or x.shape[-1] != self.d_model):
-            check_width(x, "x", self.d_model)  # raises (appendix D)
         half = x.dtype in (torch.float16, torch.bfloat16)
         xf = x.float() if half else x  # squares summed in float32, not in 8 bits
         x_hat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -118,14 +112,6 @@ def _check_layer_config(cfg) -> None:
         raise TypeError(f"cfg must be a LayerConfig, got {type(cfg).__name__}")
 
 
-def _check_layer_input(x, name: str, d_model: int, dtype: torch.dtype) -> None:
-    "Raise unless `x` holds `(B, T, C)` tokens, B, T >= 1, of width `d_model`, `dtype`."
-    check_width(x, name, d_model, "the layer has d_model", min_dim=3)
-    if 0 in x.shape[:-1]:
-        raise ValueError(f"{name} must hold at least one token, got shape "
-                         f"{shape_str(x)}")
-    check_dtype(x, name, dtype, "the layer's weights")
-
 # %% ../nbs/09_layers.ipynb #f67e0a18
 class _Sublayers(nn.Module):
     "Shared wiring: residual + norm around each sublayer, pre- or post-norm."
@@ -150,15 +136,6 @@ class _Sublayers(nn.Module):
         return MultiHeadAttention(c.d_model, c.n_heads, c.bias, c.dropout,
                                   rotary=rotary, n_kv_heads=c.n_kv_heads)
 
-    def _check_x(self, x: torch.Tensor, name: str = "x") -> None:
-        _check_layer_input(x, name, self.cfg.d_model, self.ff_norm.weight.dtype)
-
-    def _odd_x(self, x) -> bool:
-        "Whether `x` may not be `(B, T, C)` tokens of the layer's width and dtype."
-        return (not isinstance(x, torch.Tensor) or x.dim() != 3 or 0 in x.shape
-                or x.shape[-1] != self.cfg.d_model
-                or x.dtype != self.ff_norm.weight.dtype)
-
 
 class EncoderLayer(_Sublayers):
     """Self-attention then feed-forward, each inside a residual connection and a norm:
@@ -175,42 +152,9 @@ class EncoderLayer(_Sublayers):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions=None) -> torch.Tensor:
-        if self._odd_x(x):  # shapes and dtypes (appendix D); attention checks the mask
-            self._check_x(x)  # raises
         x = self._residual(x, self.attn_norm, self.self_attn, mask=mask,
                            positions=positions)
         return self._residual(x, self.ff_norm, self.ff)
-
-# %% ../nbs/09_layers.ipynb #7be4af8b
-def _check_cross_memory(memory, memory_mask, x: torch.Tensor, n_heads: int) -> None:
-    "Raise unless `memory` matches `x`'s batch and `memory_mask` its S positions."
-    if isinstance(memory, torch.Tensor) and memory.shape[0] != x.shape[0]:
-        raise ValueError(f"memory {shape_str(memory)} must have the batch size of x "
-                         f"{shape_str(x)}")
-    if memory_mask is None:
-        return
-    check_bool_mask(memory_mask, "memory_mask")
-    S = memory.shape[-2] if isinstance(memory, torch.Tensor) else len(memory)
-    want = (x.shape[0], n_heads, x.shape[-2], S)
-    if memory_mask.dim() > 4 or broadcast_shape(memory_mask.shape, want) != want:
-        raise ValueError(f"memory_mask of shape {shape_str(memory_mask)} does not "
-                         f"broadcast to (B, H, T, S) = {want}")
-
-
-def _check_decoder_layer_args(layer, x, memory, memory_mask, cross_cache) -> None:
-    "Raise unless `x`, `memory` or a filled `cross_cache`, `memory_mask` fit `layer`."
-    layer._check_x(x)
-    if layer.cross_attn is None and (memory is not None or cross_cache is not None):
-        raise ValueError("this DecoderLayer was built with cross_attention=False; "
-                         "it takes no memory and no cross_cache")
-    if layer.cross_attn is not None and (memory is None) == (cross_cache is None):
-        raise ValueError("this DecoderLayer needs the encoder output `memory` or a "
-                         "cross_cache filled from it: exactly one of the two")
-    if memory is not None:
-        layer._check_x(memory, "memory")
-    if layer.cross_attn is not None:
-        _check_cross_memory(cross_cache if memory is None else memory, memory_mask,
-                            x, layer.cross_attn.n_heads)
 
 # %% ../nbs/09_layers.ipynb #f1cab049
 class DecoderLayer(_Sublayers):
@@ -242,48 +186,16 @@ class DecoderLayer(_Sublayers):
                 self_cache=None,  # self-attention's keys and values so far
                 cross_cache=None,  # cross-attention's, filled once from memory
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
+                cache_position=None,  # (T,) a static self_cache's slots to write
                 ) -> torch.Tensor:
-        if not (isinstance(x, torch.Tensor) and x.dim() == 3 and 0 not in x.shape
-                and x.shape[-1] == self.cfg.d_model
-                and x.dtype == self.ff_norm.weight.dtype
-                and self.cross_attn is None and memory is None and cross_cache is None):
-            _check_decoder_layer_args(self, x, memory, memory_mask, cross_cache)  # (D)
         x = self._residual(x, self.attn_norm, self.self_attn, mask=mask,
-                           positions=positions, cache=self_cache, is_causal=is_causal)
+                           positions=positions, cache=self_cache, is_causal=is_causal,
+                           cache_position=cache_position)
         if self.cross_attn is not None:
             context = memory if memory is not None else cross_cache
             x = self._residual(x, self.cross_norm, self.cross_attn, context,
                                mask=memory_mask)
         return self._residual(x, self.ff_norm, self.ff)
-
-# %% ../nbs/09_layers.ipynb #e48b06cc
-def _positions_fit(positions: torch.Tensor, B: int, T: int) -> bool:
-    """Whether `positions` is `(T,)` or `(B, T)`, compared size by size (under a
-    compiler, sizes may be symbols)."""
-    n = positions.dim()
-    return (n == 1 and positions.shape[0] == T) or (
-        n == 2 and positions.shape[0] == B and positions.shape[1] == T)
-
-
-def _check_stack_args(stack: nn.Module, x, mask, positions,
-                      keys: int | None = None) -> None:
-    "Raise unless `x`, `mask` (to `(B, H, T, keys)`; keys = T) and `positions` fit."
-    first = stack.layers[0]
-    if first._odd_x(x):
-        first._check_x(x)  # raises
-    B, T = x.shape[0], x.shape[-2]
-    check_mask(mask, (B, first.self_attn.n_heads, T, T if keys is None else keys))
-    if positions is None:
-        return
-    if stack.rotary is None:
-        raise ValueError("positions were given, but this stack has no rotary "
-                         "embedding")
-    check_tensor(positions, "positions")
-    if not _positions_fit(positions, B, T):
-        raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
-                         f"got shape {shape_str(positions)}")
-    # (their dtype: rotary.angles checks it; any integer is an angle: a model reads
-    # its positions' range against max_len where its call begins)
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
@@ -309,7 +221,6 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
-        _check_stack_args(self, x, mask, positions)  # shapes and dtypes (appendix D)
         angles = _stack_positions(self.rotary, positions, 0, x)
         for layer in self.layers:
             x = layer(x, mask, angles)
@@ -317,67 +228,44 @@ class Encoder(nn.Module):
 
 # %% ../nbs/09_layers.ipynb #6315ce0c
 class _DecoderPlumbing(nn.Module):
-    """What a `Decoder` does besides computing: it checks its arguments' shapes and,
-    while generating, hands each layer its caches and advances the stack's length."""
+    """What a `Decoder` does besides computing: while generating, it hands each layer
+    its caches and advances the stack's length; `check_cache` is for the models, which
+    check a cache where their call begins."""
 
-    def _check(self, x, memory, mask, memory_mask, positions, cache, is_causal):
-        "Raise unless the arguments of `forward` fit this stack and each other."
-        if self.layers[0]._odd_x(x):
-            self.layers[0]._check_x(x)  # raises
-        keys = self.check_cache(cache, x.shape[0], x.shape[-2], memory)
-        check_flag(is_causal, "is_causal")
-        _check_stack_args(self, x, mask, positions, keys)
-        cross = None if cache is None or cache.cross_attn is None else cache.cross_attn
-        if self.cross_attention or memory is not None or cross is not None:
-            _check_decoder_layer_args(self.layers[0], x, memory, memory_mask,
-                                      None if cross is None else cross[0])
-
-    def check_cache(self, cache, B: int, T: int, memory=None) -> int:
+    def check_cache(self, cache, B: int, T: int, memory=None,
+                    cache_position=None) -> int:
         """Raise unless `cache` is None or a `DecoderCache` (`minitransformer.kv_cache`)
-        that fits this stack for T new tokens of B sequences (and `memory`); return how
-        many key positions self-attention then reads."""
+        that fits this stack for T new tokens of B sequences (and `memory`), written at
+        `cache_position` if given; return how many key positions self-attention then
+        reads."""
         if cache is None:
+            if cache_position is not None:
+                raise ValueError("cache_position names slots of a cache: pass the "
+                                 "cache too")
             return T
         if not callable(getattr(cache, "check_fits", None)):
             raise TypeError(f"cache must be a DecoderCache (model.make_cache), got "
                             f"{type(cache).__name__}")
-        return cache.check_fits(self, B, T, memory)
+        return cache.check_fits(self, B, T, memory, cache_position)
 
-    def _layer_caches(self, cache, T: int) -> tuple[int, list]:
-        """Tokens cached so far (0 without a cache), each layer's (self, cross) caches,
-        before a call that adds T tokens."""
+    def _layer_caches(self, cache, T: int, cache_position=None) -> tuple[int, list]:
+        """Tokens cached so far (0 without a cache, or with `cache_position`: its
+        caller keeps the length), each layer's (self, cross) caches, before a call that
+        adds T tokens."""
         n = len(self.layers)
         if cache is None:
             return 0, [(None, None)] * n
         cross = cache.cross_attn if cache.cross_attn is not None else [None] * n
-        return cache.start_call(T), list(zip(cache.self_attn, cross))
+        past = 0 if cache_position is not None else cache.start_call(T)
+        return past, list(zip(cache.self_attn, cross))
 
     @staticmethod
-    def _advance(cache, length: int) -> None:
-        "Once every layer has written its keys and values: the stack's new length."
-        if cache is not None:  # (a call that raised earlier advanced nothing)
-            cache.length = length
+    def _advance(cache, length: int, cache_position=None) -> None:
+        """Once every layer has written its keys and values: the stack's new length
+        (kept by the caller who chose the slots, with `cache_position`)."""
+        if cache is not None and cache_position is None:  # (a call that raised
+            cache.length = length  # earlier advanced nothing)
 
-
-def _layer_call(layer: nn.Module, *args) -> torch.Tensor:
-    return layer(*args)
-
-
-_region = (torch.compiler.nested_compile_region(_layer_call)  # (older torch: none)
-           if hasattr(torch.compiler, "nested_compile_region") else _layer_call)
-
-
-def _layer_step(layer: nn.Module, *args) -> torch.Tensor:
-    """A layer's call over a cache. Under `torch.compile` (chapter 12's decoding step)
-    it is a nested compile region: compiled once and reused by every layer, so compile
-    time does not grow with depth; eagerly, just the call. Calls without a cache
-    (training, a whole sequence) do not use it: torch 2.13 computes wrong gradients
-    through a region that several layers reuse. Nor does a layer with a parameter of
-    another tensor type (chapter 18's blocks): torch 2.13's regions do not take them."""
-    if torch.compiler.is_compiling() and all(
-            type(p) is nn.Parameter for p in layer.parameters()):
-        return _region(layer, *args)
-    return layer(*args)
 
 # %% ../nbs/09_layers.ipynb #4b487aef
 class Decoder(_DecoderPlumbing):
@@ -398,13 +286,15 @@ class Decoder(_DecoderPlumbing):
                 mask: torch.Tensor | None = None,
                 memory_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None,
-                is_causal: bool = False) -> torch.Tensor:
-        self._check(x, memory, mask, memory_mask, positions, cache, is_causal)
-        past, caches = self._layer_caches(cache, x.shape[-2])  # no cache: 0, Nones
+                is_causal: bool = False,
+                cache_position: torch.Tensor | None = None,  # (T,) static cache slots
+                ) -> torch.Tensor:
+        past, caches = self._layer_caches(cache, x.shape[-2], cache_position)
+        if positions is None and cache_position is not None:  # (the slots' positions)
+            positions = cache_position
         angles = _stack_positions(self.rotary, positions, past, x)
         for layer, (self_cache, cross_cache) in zip(self.layers, caches):
-            args = (x, memory, mask, memory_mask, angles, self_cache, cross_cache,
-                    is_causal)
-            x = layer(*args) if cache is None else _layer_step(layer, *args)
-        self._advance(cache, past + x.shape[-2])  # every layer has written T more
+            x = layer(x, memory, mask, memory_mask, angles, self_cache, cross_cache,
+                      is_causal, cache_position)
+        self._advance(cache, past + x.shape[-2], cache_position)  # T more written
         return self.norm(x)

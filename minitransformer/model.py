@@ -75,10 +75,10 @@ class _Embed(nn.Module):
         self.norm = norm  # BERT: a LayerNorm over the sum
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, name: str = "ids",
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor,
                 token_types: torch.Tensor | None = None,
                 prefix: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.tok(ids, name)  # (B, T, C)
+        x = self.tok(ids)  # (B, T, C)
         if prefix is not None:  # vectors in front of the tokens: (B, P + T, C)
             x = torch.cat([prefix.expand(len(x), -1, -1), x], 1)
         if self.pos is not None:
@@ -90,18 +90,26 @@ class _Embed(nn.Module):
         return self.drop(x) if self.training and self.drop.p else x
 
 
-def _self_attention_mask(B: int, T: int, past: int, cache, attention_mask=None,
-                         full_attention_mask=None, device=None) -> tuple:
-    """A decoder's self-attention `(mask, is_causal)`: no mask for causality alone over
-    T > 1 tokens; a static cache is read whole, so its empty slots are masked."""
-    keys = None
-    if cache is not None and cache.static:  # (the room for T more: checked on entry)
-        keys = cache.self_attn[0].k.shape[2]
+def _decoder_inputs(ids, positions, cache, attention_mask=None,
+                    full_attention_mask=None, cache_position=None) -> tuple:
+    """The positions of a decoder's T new tokens (by default, after the cache's) and
+    self-attention's `(mask, is_causal)`: no mask for causality alone over T > 1
+    tokens; a static cache is read whole, so its empty slots are masked (by comparing
+    slots, when the caller names them: no length is read on the host)."""
+    (B, T), device = ids.shape, ids.device
+    past = 0 if cache is None or cache_position is not None else cache.length
+    if positions is None:
+        positions = (cache_position if cache_position is not None
+                     else default_positions(past, T, device))
+    if cache_position is not None:  # the slots up to each token's own, if real
+        return positions, (full_attention_mask if full_attention_mask is not None
+                           else cache.slot_mask(cache_position, attention_mask)), False
+    keys = cache.max_len if cache is not None and cache.static else None
     if (T > 1 and attention_mask is None and full_attention_mask is None
             and keys is None):
-        return None, True
-    return decoder_mask(B, T, past, attention_mask, full_attention_mask, device,
-                        keys=keys), False
+        return positions, None, True
+    return positions, decoder_mask(B, T, past, attention_mask, full_attention_mask,
+                                   device, keys=keys), False
 
 
 def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
@@ -144,11 +152,14 @@ def _check_model_positions(positions, B: int, T: int) -> None:
     if positions is None:
         return
     check_tensor(positions, "positions")
+    if not is_integer_tensor(positions):
+        raise TypeError(f"positions must be an integer tensor, got dtype "
+                        f"{positions.dtype}")
     n = positions.dim()  # (T,) or (B, T), size by size (under a compiler: symbols)
     if not ((n == 1 and positions.shape[0] == T) or (
             n == 2 and positions.shape[0] == B and positions.shape[1] == T)):
         raise ValueError(f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}), "
-                         f"got shape {shape_str(positions)}")  # (dtype: where used)
+                         f"got shape {shape_str(positions)}")
 
 
 def _check_ranges(ids, vocab_size: int, name: str, positions=None, max_len=0) -> None:
@@ -172,44 +183,45 @@ def _check_config(config, cls: type) -> None:
 
 def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions,
                     cache, memory, attention_mask, full_attention_mask,
-                    last_only=False) -> int:
+                    last_only=False, cache_position=None) -> int:
     "Raise unless a `GPT`'s or `Transformer`'s decoder arguments fit; return B."
     c = model.config
     B, T = _ids(ids, name)
-    if cache is not None and not isinstance(cache, DecoderCache):  # (the decoder
-        model.decoder.check_cache(cache, B, T, memory)  # checks how it fits): raises
-    past = 0 if cache is None else len(cache)
-    if cache is not None and past + T > cache.max_len:  # no room for T more
-        model.decoder.check_cache(cache, B, T, memory)  # raises, saying so
+    keys = model.decoder.check_cache(cache, B, T, memory, cache_position)  # fit, room
+    past = 0 if cache is None or cache_position is not None else len(cache)
     _check_length(T, c.max_len, past)
     _check_model_positions(positions, B, T)
     _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read
-    if full_attention_mask is not None:  # its heads (its sizes: decoder_mask)
+    if cache_position is not None and attention_mask is not None:  # (the masks are
+        padding_mask_from_real(attention_mask, B, keys, "attention_mask")  # used as
+    if full_attention_mask is not None:  # they are: decoder_mask checks them else)
         check_bool_mask(full_attention_mask, "full_attention_mask")
-        keys = full_attention_mask.size(-1)
         check_mask(full_attention_mask, (B, c.n_heads, T, keys))
     check_flag(last_only, "last_only")
     return B
 
 
 def _check_text_ids(ids, mask, vocab_size: int, max_len: int, name: str = "ids",
-                    mask_name: str = "attention_mask") -> None:
-    "Raise unless ids `(B, T)` fit the vocabulary and `max_len`, and `mask` (B, T)."
+                    mask_name: str = "attention_mask", prefix=None, model=None) -> None:
+    """Raise unless ids `(B, T)` fit the vocabulary and `max_len` (after the `prefix`
+    vectors of `model`, if any), and `mask` (B, T)."""
     B, T = _ids(ids, name)
-    _check_length(T, max_len)
+    P = 0 if prefix is None else _check_prefix(model, prefix, B)
+    _check_length(T, max_len, P, "prefix vectors")
     check_token_ids(ids, vocab_size, name)
     if mask is not None:
         padding_mask_from_real(mask, B, T, mask_name)
 
 
 def _check_decode(model, tgt, memory, source_mask, attention_mask, positions,
-                  cache) -> None:
+                  cache, cache_position=None) -> None:
     "Raise unless `Transformer.decode`'s arguments are well formed and fit each other."
     B = _check_decoding(model, tgt, "tgt", model.config.tgt_vocab_size, positions,
-                        cache, memory, attention_mask, None)
+                        cache, memory, attention_mask, None,
+                        cache_position=cache_position)
     if memory is not None:
         check_encoder_output(memory, model.config.d_model, B)
-        model.decoder.layers[0]._check_x(memory, "memory")  # its dtype
+        check_dtype(memory, "memory", model.head.weight.dtype, "the model's weights")
     elif cache is None:
         raise ValueError("decode needs the encoder output `memory`, or a cache "
                          "filled from it (make_cache(memory))")
@@ -223,16 +235,6 @@ def _check_same_batch(src, tgt) -> None:
     if check_tensor(tgt, "tgt").shape[0] != src.shape[0]:
         raise ValueError(f"src {shape_str(src)} and tgt {shape_str(tgt)} must have "
                          "the same batch size B")
-
-
-def _check_text_encoder(model, ids, attention_mask, token_type_ids, prefix) -> None:
-    "Raise unless `TextEncoder.forward`'s arguments fit the model and each other."
-    B, T = _ids(ids, "ids")
-    P = 0 if prefix is None else _check_prefix(model, prefix, B)
-    _check_length(T, model.config.max_len, P, "prefix vectors")
-    check_token_ids(ids, model.config.vocab_size, "ids")
-    if attention_mask is not None:
-        padding_mask_from_real(attention_mask, B, T, "attention_mask")
 
 
 def _check_prefix(model, prefix, B: int) -> int:
@@ -329,19 +331,18 @@ class GPT(nn.Module):
                 cache: DecoderCache | None = None,  # keys and values of earlier tokens
                 full_attention_mask: torch.Tensor | None = None,  # (…, T, past+T) as is
                 last_only: bool = False,  # logits of the last position only, (B, 1, V)
+                cache_position: torch.Tensor | None = None,  # (T,) static cache slots
+                # to write (None: after len(cache)); given, the caller keeps the length
                 ) -> torch.Tensor:  # (B, T, V) logits
         _check_decoding(self, ids, "ids", self.config.vocab_size, positions, cache,
-                        None, attention_mask, full_attention_mask, last_only)
-        past = 0 if cache is None else cache.length
-        B, T = ids.shape
-        if positions is None:
-            positions = default_positions(past, T, ids.device)
-        mask, causal = _self_attention_mask(B, T, past, cache, attention_mask,
-                                            full_attention_mask, ids.device)
+                        None, attention_mask, full_attention_mask, last_only,
+                        cache_position)
+        positions, mask, causal = _decoder_inputs(
+            ids, positions, cache, attention_mask, full_attention_mask, cache_position)
         x = self.embed(ids, positions)  # (B, T, C)
         rotary = positions if self.decoder.rotary is not None else None
         h = self.decoder(x, mask=mask, positions=rotary, cache=cache,
-                         is_causal=causal)  # (B, T, C)
+                         is_causal=causal, cache_position=cache_position)  # (B, T, C)
         return self.head(h[:, -1:] if last_only else h)
 
     def make_cache(self, batch_size: int, max_len: int | None = None,
@@ -408,7 +409,7 @@ class Transformer(nn.Module):
         if source_mask is None:
             source_mask = src != self.config.pad_id
         mask = padding_mask_from_real(source_mask)  # (B, 1, 1, S)
-        x = self.src_embed(src, default_positions(0, S, src.device), "src")
+        x = self.src_embed(src, default_positions(0, S, src.device))
         return self.encoder(x, mask=mask), source_mask
 
     def decode(self,
@@ -418,21 +419,20 @@ class Transformer(nn.Module):
                attention_mask: torch.Tensor | None = None,  # (B, past+T), real targets
                positions: torch.Tensor | None = None,  # default: after the cache
                cache: DecoderCache | None = None,  # from make_cache(memory)
+               cache_position: torch.Tensor | None = None,  # (T,): see GPT.forward
                ) -> torch.Tensor:  # (B, T, V_tgt)
-        _check_decode(self, tgt, memory, source_mask, attention_mask, positions, cache)
-        past = 0 if cache is None else cache.length
-        B, T = tgt.shape
-        if positions is None:
-            positions = default_positions(past, T, tgt.device)
-        mask, causal = _self_attention_mask(B, T, past, cache, attention_mask,
-                                            device=tgt.device)
+        _check_decode(self, tgt, memory, source_mask, attention_mask, positions, cache,
+                      cache_position)
+        positions, mask, causal = _decoder_inputs(tgt, positions, cache, attention_mask,
+                                                  cache_position=cache_position)
         memory_mask = None  # (B, 1, 1, S)
         if source_mask is not None:
             S = _source_len(memory, cache, source_mask)
-            memory_mask = padding_mask_from_real(source_mask, B, S, "source_mask")
-        x = self.tgt_embed(tgt, positions, "tgt")  # (B, T, C)
+            memory_mask = padding_mask_from_real(source_mask, len(tgt), S,
+                                                 "source_mask")
+        x = self.tgt_embed(tgt, positions)  # (B, T, C)
         return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache,
-                                      is_causal=causal))
+                                      is_causal=causal, cache_position=cache_position))
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         "Teacher forcing: logits for every target position, given source and prefix."
@@ -496,7 +496,9 @@ class TextEncoder(nn.Module):
                 ) -> torch.Tensor:  # (B, T, C); with a prefix (B, P + T, C)
         """`prefix` vectors (a classifier's learned `[CLS]`) go in front of the token
         embeddings: they are real, take positions 0..P-1 and token type 0."""
-        _check_text_encoder(self, ids, attention_mask, token_type_ids, prefix)
+        c = self.config
+        _check_text_ids(ids, attention_mask, c.vocab_size, c.max_len, prefix=prefix,
+                        model=self)
         keep = ids != self.config.pad_id if attention_mask is None else attention_mask
         types = _token_types(token_type_ids, ids, self.config.type_vocab_size)
         if prefix is not None:  # real, of type 0
@@ -504,7 +506,7 @@ class TextEncoder(nn.Module):
             types = None if types is None else torch.cat(
                 [types.new_zeros(len(ids), prefix.shape[1]), types], 1)
         positions = default_positions(0, keep.shape[1], ids.device)
-        x = self.embed(ids, positions, "ids", types, prefix)
+        x = self.embed(ids, positions, types, prefix)
         return self.encoder(x, mask=padding_mask_from_real(keep))  # padding only
 
 

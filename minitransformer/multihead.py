@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .attention import (
-    attend, attention_with_weights, check_mask, scaled_dot_product_attention)
+    attend, attention_with_weights, scaled_dot_product_attention)
 from .checks import (
     check_dropout, check_int, check_positive_int, check_tensor, shape_str)
 from .qkv import QKVProjection
@@ -66,7 +66,8 @@ class HeadProjection(nn.Module):
     `n_kv_heads` (H_kv, default H) K/V heads each serve H / H_kv query heads.
 
     `rotary` rotates self-attention's queries and keys by their `positions`; `cache`
-    keeps self-attention's keys and values across calls, and `context` may be a cache
+    keeps self-attention's keys and values across calls (a static one writes them at
+    `cache_position`, their slots in its buffers), and `context` may be a cache
     already filled with the context's keys and values."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
@@ -80,15 +81,10 @@ class HeadProjection(nn.Module):
         self.qkv = QKVProjection(d_model, d_model, kv_width, kv_width, bias=bias,
                                  device=device, dtype=dtype)
 
-    def project(self, x: torch.Tensor, context=None, positions=None, cache=None):
+    def project(self, x: torch.Tensor, context=None, positions=None, cache=None,
+                cache_position=None):
         "Queries `(B, H, T, D)`, keys and values `(B, H_kv, S, D)`."
-        if (context is not None or (positions is not None and self.rotary is None)
-                or (cache is not None and not (  # a cache must be the size of x's batch
-                    isinstance(x, torch.Tensor) and x.dim() == 3
-                    and isinstance(getattr(cache, "k", None), torch.Tensor)
-                    and cache.k.shape[0] == x.shape[0]))):
-            _check_project_args(x, context, positions, cache, self.rotary)
-        if context is not None and not isinstance(context, torch.Tensor):  # a cache
+        if context is not None and not torch.is_tensor(context):  # a filled cache
             return (_split_heads(self.qkv.queries(x), self.n_heads),
                     *context.keys_values())
         q, k, v = self.qkv(x, context)  # (B, T, C); (B, S, H_kv·D) twice
@@ -96,14 +92,16 @@ class HeadProjection(nn.Module):
         q = _split_heads(q, self.n_heads)  # (B, H, T, D)
         k, v = k.view(heads).transpose(-3, -2), v.view(heads).transpose(-3, -2)
         if self.rotary is not None:  # rotate q and k (before caching: the cache keeps
-            if positions is None:  # rotated keys); by default the T positions after
-                past = 0 if cache is None else len(cache)  # the cache's earlier ones
+            if positions is None and cache_position is not None:  # rotated keys);
+                positions = cache_position  # by default: the slots written, or
+            elif positions is None:  # the T positions after the cache's earlier ones
+                past = 0 if cache is None else len(cache)
                 positions = default_positions(past, q.shape[-2], q.device)
-            angles = (positions if isinstance(positions, tuple)  # (a stack's, shared)
+            angles = (positions if type(positions) is tuple  # (a stack's, shared)
                       else self.rotary.angles(positions))
             q, k = self.rotary.rotate(q, angles), self.rotary.rotate(k, angles)
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, H_kv, past + T or max_len, D)
+            k, v = cache.update(k, v, cache_position)  # (B, H_kv, past+T or max_len, D)
         return q, k, v
 
     def context_keys_values(self, context: torch.Tensor
@@ -171,42 +169,6 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
                                                                    S, D)
 
 
-def _check_project_args(x, context, positions, cache, rotary) -> None:
-    "Raise for the argument combinations `HeadProjection.project` does not serve."
-    if cache is not None and not hasattr(cache, "keys_values"):
-        raise TypeError("cache must be a KVCache (coming in chapter 10) or None, got "
-                        f"{type(cache).__name__}")
-    if cache is not None and isinstance(x, torch.Tensor):
-        if x.dim() != 3:
-            raise ValueError(f"x must be (B, T, C) to use a cache, got shape "
-                             f"{shape_str(x)}")
-        if x.shape[0] != len(getattr(cache, "k", x)):  # the cache's B
-            raise ValueError(f"x {shape_str(x)} has {x.shape[0]} sequences, but the "
-                             f"cache holds {len(cache.k)}")
-    if context is not None and not isinstance(context, torch.Tensor):  # a filled cache
-        if not hasattr(context, "keys_values"):
-            raise TypeError("context must be a tensor (B, S, C) or a filled KVCache, "
-                            f"got {type(context).__name__}")
-        if cache is not None or positions is not None:
-            raise ValueError("cross-attention over a filled cache (given as "
-                             "`context`) takes no `cache` and no `positions`")
-        if len(context) == 0:
-            raise ValueError("the cross-attention cache given as `context` is "
-                             "empty; fill it first with the context's keys and "
-                             "values")
-        return
-    if context is not None and (cache is not None or positions is not None):
-        raise ValueError("`cache` and `positions` belong to self-attention; for "
-                         "cross-attention with a cache, pass the filled cache as "
-                         "`context`")
-    if context is not None and rotary is not None:
-        raise ValueError("rotary position embeddings apply to self-attention; this "
-                         "module has `rotary` but was given a context (build "
-                         "cross-attention without it)")
-    if rotary is None and positions is not None:
-        raise ValueError("positions were given, but this module has no rotary "
-                         "embedding")
-
 # %% ../nbs/05_multihead.ipynb #9f8918f0
 class MultiHeadAttention(HeadProjection):
     """Multi-head attention `(B, T, C) → (B, T, C)`, self- or cross-attention.
@@ -237,26 +199,19 @@ class MultiHeadAttention(HeadProjection):
                 positions=None,  # rotary: (T,) or (B, T) ints, or their angles
                 cache=None,  # keys and values of earlier calls, extended in place
                 is_causal: bool = False,  # also: no query sees a later key
+                cache_position=None,  # (T,) a static cache's slots for the new keys
                 ) -> torch.Tensor:  # (B, T, C)
-        q, k, v = self.project(x, context, positions, cache)  # K, V: H_kv heads
-        T, S = q.shape[-2], k.shape[-2]
-        n = mask.dim() if isinstance(mask, torch.Tensor) else 5  # (5: not a mask)
-        if mask is not None and (  # bool, to (B, H, T, S): else say how it does not fit
-                n > 4 or mask.dtype != torch.bool
-                or (n >= 1 and mask.shape[-1] != S and mask.shape[-1] != 1)
-                or (n >= 2 and mask.shape[-2] != T and mask.shape[-2] != 1)
-                or (n >= 3 and mask.shape[-3] != q.shape[-3] and mask.shape[-3] != 1)
-                or (n == 4 and mask.shape[0] != q.shape[0] and mask.shape[0] != 1)):
-            check_mask(mask, (*q.shape[:-2], T, S))  # raises
+        q, k, v = self.project(x, context, positions, cache, cache_position)
         p = self.dropout if self.training else 0.0
         o = attend(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
                     enable_gqa=self.n_kv_heads != self.n_heads, is_causal=is_causal)
         return self.out(_merge_heads(o))  # (B, T, C)
 
     def forward_with_weights(self, x, context=None, mask=None, positions=None,
-                             cache=None, is_causal=False):
+                             cache=None, is_causal=False, cache_position=None):
         "Like `forward`, by the explicit path; also returns the weights `(B, H, T, S)`."
-        q, k, v = self._grouped(*self.project(x, context, positions, cache))
+        q, k, v = self._grouped(*self.project(x, context, positions, cache,
+                                              cache_position))
         p = self.dropout if self.training else 0.0
         o, w = attention_with_weights(q, k, v, mask, dropout_p=p, is_causal=is_causal)
         return self.out(merge_heads(o)), w

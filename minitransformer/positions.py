@@ -9,7 +9,7 @@ from torch import nn
 
 from .checks import (
     check_flag, check_float_dtype, check_number, check_positive_int, check_tensor,
-    is_integer_tensor, shape_str, tracing)
+    is_integer_tensor, tracing)
 
 # %% auto #0
 __all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'check_positions', 'LearnedPositions', 'RotaryEmbedding']
@@ -61,8 +61,6 @@ class SinusoidalPositions(nn.Module):
         self.d_model, self.max_len, self.base = d_model, max_len, base
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not (isinstance(positions, torch.Tensor) and is_integer_tensor(positions)):
-            check_positions(positions, self.max_len)  # raises: not integer positions
         return _sinusoid(positions, self.d_model, self.base)  # the rows used, only
 
 # %% ../nbs/07_positions.ipynb #d05b0046
@@ -87,7 +85,8 @@ def check_positions(positions: torch.Tensor, max_len: int) -> torch.Tensor:
 # %% ../nbs/07_positions.ipynb #e0779377
 class LearnedPositions(nn.Module):
     """A trained table of position vectors: `positions (..., T)` → `(..., T, C)`, for
-    positions below `max_len` (T = 0 gives an empty result)."""
+    positions below `max_len` (T = 0 gives an empty result; a model checks its
+    positions' range where its call begins, `check_positions`)."""
 
     def __init__(self, d_model: int, max_len: int, init_std: float = 0.02,
                  device=None, dtype=None):
@@ -101,13 +100,7 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(table)  # (max_len, C)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not (isinstance(positions, torch.Tensor) and is_integer_tensor(positions)):
-            check_positions(positions, self.max_len)  # raises: not integer positions
-        try:
-            return F.embedding(positions, self.weight)  # (..., T, C): rows of the table
-        except IndexError:  # a position outside the table: say which (values read now)
-            check_positions(positions, self.max_len)
-            raise
+        return F.embedding(positions, self.weight)  # (..., T, C): rows of the table
 
 # %% ../nbs/07_positions.ipynb #71c7a3b9
 class RotaryEmbedding(nn.Module):
@@ -128,9 +121,6 @@ class RotaryEmbedding(nn.Module):
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every pair's angle m·θ_i, under both numbers of the pair:
         two tables `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)`."""
-        if not (isinstance(positions, torch.Tensor) and 1 <= positions.dim() <= 2
-                and is_integer_tensor(positions)):
-            _check_angle_positions(positions)  # raises
         dtype = _angle_dtype(positions.device)
         i2 = torch.arange(0, self.head_dim, 2, dtype=dtype, device=positions.device)
         theta = self.base ** (-i2 / self.head_dim)  # (D/2,): 2i = 0, 2, ..., D-2
@@ -142,17 +132,7 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         "`x` `(..., T, D)` rotated by `angles`: `x·cos + turn(x)·sin`."
-        if not (type(angles) is tuple and len(angles) == 2):
-            angles = _check_rotate(x, angles, self.head_dim)  # (cos, sin), or raises
-        cos, sin = angles
-        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2
-                and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
-                and x.shape[-1] == self.head_dim == cos.shape[-1]
-                and cos.shape == sin.shape and cos.shape[-2] == x.shape[-2]
-                and (cos.dim() == 2 or (cos.dim() == 3 and 3 <= x.dim() <= 4 and (
-                    cos.shape[0] == 1 or cos.shape[0] == x.shape[0])))):
-            _check_rotate(x, angles, self.head_dim)  # raises, saying what does not fit
-        # cos, sin: each (T, D) or (B, T, D)
+        cos, sin = angles  # each (T, D) or (B, T, D)
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
@@ -169,7 +149,6 @@ class RotaryEmbedding(nn.Module):
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
                 positions: torch.Tensor,  # (T,) or (B, T): the position of each vector
                 ) -> torch.Tensor:  # x rotated, same shape and dtype (T = 0: empty)
-        check_positions(positions, self.max_len)  # (a model checks before `angles`)
         return self.rotate(x, self.angles(positions))
 
     def extra_repr(self) -> str:
@@ -186,41 +165,3 @@ def _check_rotary_args(head_dim, max_len, base, interleaved) -> None:
     _check_base(base)
     check_flag(interleaved, "interleaved")
 
-
-def _check_angle_positions(positions) -> None:
-    "Raise unless `positions` is an integer tensor `(T,)` or `(B, T)`."
-    check_tensor(positions, "positions")
-    if not is_integer_tensor(positions):
-        raise TypeError(f"positions must be an integer tensor, got dtype "
-                        f"{positions.dtype}")
-    if positions.dim() not in (1, 2):
-        raise ValueError(f"positions must be (T,) or (B, T), got shape "
-                         f"{shape_str(positions)}")
-
-
-def _check_rotate(x, angles, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    "`angles` as (cos, sin) if `x` and they fit a rotary embedding of `head_dim`."
-    check_tensor(x, "x", min_dim=2, floating=True)
-    if x.shape[-1] != head_dim:
-        raise ValueError(f"x has head width {x.shape[-1]} (shape {shape_str(x)}) "
-                         "but this rotary embedding was built for "
-                         f"head_dim={head_dim}")
-    if not (isinstance(angles, (tuple, list)) and len(angles) == 2
-            and all(isinstance(a, torch.Tensor) for a in angles)):
-        raise TypeError("angles must be the pair (cos, sin) that angles(positions) "
-                        f"returns, got {type(angles).__name__}")
-    cos, sin = angles
-    if (cos.shape != sin.shape or cos.dim() not in (2, 3)
-            or cos.shape[-1] != head_dim):
-        raise ValueError(f"angles must be (cos, sin), each (T, {head_dim}) or "
-                         f"(B, T, {head_dim}), got {shape_str(cos)} and "
-                         f"{shape_str(sin)}")
-    if cos.shape[-2] != x.shape[-2]:
-        raise ValueError(f"{cos.shape[-2]} positions for the {x.shape[-2]} vectors "
-                         f"in x {shape_str(x)}: give one position for each")
-    B = cos.shape[0]
-    if cos.dim() == 3 and (x.dim() not in (3, 4) or B not in (1, x.shape[0])):
-        raise ValueError(f"positions for {B} sequences (B, T) do not fit x "
-                         f"{shape_str(x)}: per-sequence positions need x (B, T, D) or "
-                         "(B, H, T, D) with the same B")
-    return cos, sin

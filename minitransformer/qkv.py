@@ -8,8 +8,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from .checks import (
-    broadcast_shape, check_dtype, check_float_dtype, check_positive_int, check_tensor,
-    check_width, shape_str)
+    broadcast_shape, check_float_dtype, check_positive_int, check_tensor, shape_str)
 
 # %% auto #0
 __all__ = ['QKVProjection', 'check_qkv']
@@ -58,22 +57,16 @@ class QKVProjection(nn.Module):
                 context: torch.Tensor | None = None,  # (..., S, C): answers; x if None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         "Q `(..., T, d_q)`, K `(..., S, d_k)`, V `(..., S, d_v)`; empty if T or S is 0."
-        if (not isinstance(x, torch.Tensor) or x.dim() < 2 or context is not None
-                or x.shape[-1] != self.d_model or x.dtype != self.q_proj.weight.dtype):
-            _check_qkv_inputs(self, x, context)  # (inline first: the common case)
         if context is None:  # self-attention
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return self.q_proj(x), self.k_proj(context), self.v_proj(context)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         "Q alone, `(..., T, d_q)`."
-        _check_projection_input(x, "x", self.d_model, self.q_proj.weight.dtype)
         return self.q_proj(x)
 
     def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "K `(..., S, d_k)` and V `(..., S, d_v)` alone, from `context`."
-        _check_projection_input(context, "context", self.d_model,
-                                self.k_proj.weight.dtype)
         return self.k_proj(context), self.v_proj(context)
 
 # %% ../nbs/03_qkv.ipynb #62d4ea96
@@ -83,27 +76,6 @@ def _check_projection_sizes(d_model, d_q, d_k, d_v, dtype) -> None:
         check_positive_int(n, name)
     check_float_dtype(dtype)
 
-
-def _check_qkv_inputs(proj, x, context) -> None:
-    "Raise unless `x` (and `context`, if given) fit the projection `proj`."
-    _check_projection_input(x, "x", proj.d_model, proj.q_proj.weight.dtype)
-    if context is not None:
-        _check_context(x, context, proj.d_model, proj.k_proj.weight.dtype)
-
-
-def _check_projection_input(t: torch.Tensor, name: str, d_model: int,
-                            dtype: torch.dtype) -> torch.Tensor:
-    "`t` if it is a floating `(..., d_model)` tensor of dtype `dtype`; else raise."
-    check_width(t, name, d_model, "this projection expects d_model", min_dim=2)
-    return check_dtype(t, name, dtype, "the projection's weights")
-
-
-def _check_context(x, context, d_model: int, dtype: torch.dtype) -> None:
-    "Raise unless `context` fits the projection and batch-broadcasts to `x`'s batch."
-    _check_projection_input(context, "context", d_model, dtype)
-    if broadcast_shape(x.shape[:-2], context.shape[:-2]) != x.shape[:-2]:
-        raise ValueError(f"x {shape_str(x)} and context {shape_str(context)} have "
-                         "batch dimensions that do not broadcast (to those of x)")
 
 # %% ../nbs/03_qkv.ipynb #e3f4df11
 def check_qkv(q: torch.Tensor,  # (..., T, D) queries

@@ -141,6 +141,7 @@ def test_torch_export_of_a_gpt():
 
 
 def test_hooks_and_a_users_forward_are_seen_by_eager_and_compiled_generate():
+    "Compiled, the step is one graph: hooks run in it; one that breaks the graph is named."
     out = run("""
     model = gpt(**RECIPE).eval()
     seen = {"model": 0, "layer": 0, "head": 0}
@@ -156,16 +157,20 @@ def test_hooks_and_a_users_forward_are_seen_by_eager_and_compiled_generate():
     model.head.forward = head
     eager = generate(model, [[1, 2, 3]], 5)
     assert seen == {"model": 5, "layer": 5, "head": 5}, seen
-    try:  # inside the layers' compiled region a hook's side effects would be lost
-        generate(model, [[1, 2, 3]], 5, compile="eager")
-        raise AssertionError("a layer's hook was accepted")
-    except ValueError as e:
-        assert "decoder.layers.1 has a forward hook" in str(e), e
-    hook.remove()
     compiled = generate(model, [[1, 2, 3]], 5, compile="eager")
     assert compiled == eager
-    # the compiled steps run the model's hook and the head's forward each call
-    assert seen == {"model": 10, "layer": 5, "head": 10}, seen
+    # the compiled steps run every hook, a layer's too, and the head's forward, each call
+    assert seen == {"model": 10, "layer": 10, "head": 10}, seen
+    hook.remove()
+    breaks = model.decoder.layers[0].register_forward_hook(
+        lambda *a: torch._dynamo.graph_break())  # a hook the step cannot hold
+    try:
+        generate(model, [[1, 2, 3]], 5, compile="eager")
+        raise AssertionError("a graph break was accepted")
+    except RuntimeError as e:
+        assert "one graph" in str(e) and "decoder.layers.0" in str(e), e
+        assert "compile=False" in str(e), e
+    breaks.remove()
     assert vars(model.head)["forward"] is head  # the user's forward is still there
     print("ok")
     """)
@@ -173,16 +178,23 @@ def test_hooks_and_a_users_forward_are_seen_by_eager_and_compiled_generate():
 
 
 def test_a_compiled_generate_inside_a_hook_of_another():
-    "A hook on the outer model's head runs a compiled generate on a second model."
+    """A hook on the outer model's head runs a compiled generate on a second model: fine
+    while the outer model decodes eagerly; compiled, its step cannot hold the hook's
+    call, and the error names the head."""
     out = run("""
     outer, inner = gpt(0, **RECIPE).eval(), gpt(1).eval()
     want = generate(inner, [[4, 5]], 3)
     got = []
     outer.head.register_forward_hook(
         lambda *a: got.append(generate(inner, [[4, 5]], 3, compile="eager")))
-    tokens = generate(outer, [[1, 2, 3]], 4, compile="eager")
+    tokens = generate(outer, [[1, 2, 3]], 4)
     assert tokens == generate(gpt(0, **RECIPE).eval(), [[1, 2, 3]], 4)
-    assert got and all(g == want for g in got), (got, want)
+    assert len(got) == 4 and all(g == want for g in got), (got, want)
+    try:
+        generate(outer, [[1, 2, 3]], 4, compile="eager")
+        raise AssertionError("a generate inside the compiled step was accepted")
+    except RuntimeError as e:
+        assert "one graph" in str(e) and "hooked: head" in str(e), e
     print("ok")
     """, timeout=180)
     assert out.startswith("ok")

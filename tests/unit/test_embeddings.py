@@ -51,12 +51,15 @@ def test_tokenizer_and_pad_ids_refuse_bad_arguments():
     assert pad_ids([[], [5]], 0)[1].tolist() == [[False], [True]]  # an empty row
 
 
-def test_token_embedding_refuses_bad_ids_and_arguments():
+def test_token_embedding_and_the_ids_check_refuse_what_they_cannot_serve():
+    "The module checks its arguments; the ids it trusts are the models' to check."
     emb = TokenEmbedding(22, 4)
     cases = [
-        (lambda: emb(torch.tensor([4, 22, 3])), ValueError, r"token ids\[1\] = 22"),
-        (lambda: emb(torch.tensor([[0, -1]])), ValueError, r"must lie in \[0, 22\)"),
-        (lambda: emb(torch.tensor([0.0, 1.0])), TypeError, "integer tensor"),
+        (lambda: check_token_ids(torch.tensor([4, 22, 3]), emb.vocab_size), ValueError,
+         r"token ids\[1\] = 22"),
+        (lambda: check_token_ids(torch.tensor([[0, -1]]), emb.vocab_size), ValueError,
+         r"must lie in \[0, 22\)"),
+        (lambda: check_token_ids(torch.tensor([0.0, 1.0]), 22), TypeError, "integer tensor"),
         (lambda: check_token_ids(torch.tensor(4), 0, "ids"), ValueError,
          "vocab_size must be a positive int, got 0"),
         (lambda: check_token_ids(torch.tensor(1), 2.5, "ids"), ValueError, "vocab_size"),

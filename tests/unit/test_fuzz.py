@@ -3,7 +3,11 @@
 Every name in the `__all__` of every public module `minitransformer.<m>` either has a
 generation strategy in `REGISTRY` ("module.name" -> `case(data)`) or a reason in
 `EXEMPT`; `test_every_public_name_is_fuzzed_or_exempt` keeps the two in step with the
-package.
+package. Every fuzzed name is classified (`test_every_fuzzed_name_is_classified`): an
+entry point checks everything its caller gives it, so its case may corrupt any argument;
+a building block (a module of chapters 2-10, a stack) checks its configuration when it is
+built and trusts what its forward is given (the models check where a call begins), so its
+case corrupts constructor arguments only; a constant is a value.
 
 A case draws arguments with hypothesis: usually all valid, sometimes one argument
 corrupted (wrong rank or dtype, zero/negative/non-integer sizes, float token ids, bools
@@ -140,6 +144,93 @@ EXEMPT = {
 }
 
 
+# ================================================================== classification
+BUILDING_BLOCKS = {
+    "embeddings.TokenEmbedding", "qkv.QKVProjection", "multihead.HeadProjection",
+    "multihead.MultiHeadAttention", "feedforward.FeedForward",
+    "positions.SinusoidalPositions", "positions.LearnedPositions", "positions.RotaryEmbedding",
+    "layers.RMSNorm", "layers.EncoderLayer", "layers.DecoderLayer", "layers.Encoder",
+    "layers.Decoder", "kv_cache.KVCache",
+}
+# the methods through which a building block computes (what it trusts: their arguments)
+BLOCK_CALLS = ("forward", "update", "project", "angles", "rotate", "queries", "keys_values",
+               "context_keys_values", "forward_with_weights", "_residual")
+
+ENTRY_POINTS = {
+    *(f"attention.{n}" for n in (
+        "attention_with_weights", "check_mask", "scaled_dot_product_attention")),
+    *(f"checkpoints.{n}" for n in (
+        "parse_json_object",)),
+    *(f"checks.{n}" for n in (
+        "broadcast_shape", "check_bool_mask", "check_choice", "check_dropout", "check_dtype",
+        "check_flag", "check_float_dtype", "check_int", "check_module", "check_number",
+        "check_positive_int", "check_probability", "check_str", "check_tensor",
+        "is_integer_tensor", "shape_str")),
+    *(f"core.{n}" for n in (
+        "default_device", "seed_everything")),
+    *(f"data.{n}" for n in (
+        "DateTask", "char_windows", "number_words", "ordinal_suffix", "ordinal_words",
+        "write_date", "year_words")),
+    *(f"distributed.{n}" for n in (
+        "shard_batch",)),
+    *(f"embeddings.{n}" for n in (
+        "Tokenizer", "Vocabulary", "check_id_list", "check_token_ids", "pad_ids")),
+    *(f"feedforward.{n}" for n in (
+        "activation",)),
+    *(f"generation.{n}" for n in (
+        "generate", "read_bandwidth", "sample_next", "top_p_filter")),
+    *(f"gguf.{n}" for n in (
+        "gguf_llama_rules",)),
+    *(f"instruct.{n}" for n in (
+        "answer_because_data", "collate", "follows_format")),
+    *(f"kv_cache.{n}" for n in (
+        "DecoderCache", "check_encoder_output")),
+    *(f"layers.{n}" for n in (
+        "LayerConfig", "make_norm")),
+    *(f"lora.{n}" for n in (
+        "LoRALinear",)),
+    *(f"masks.{n}" for n in (
+        "additive_mask", "causal_mask", "combine_masks", "decoder_mask", "padding_mask",
+        "padding_mask_from_ids", "padding_mask_from_real", "to_torch_mask")),
+    *(f"mixing.{n}" for n in (
+        "check_attention_weights", "mix", "softmax")),
+    *(f"model.{n}" for n in (
+        "EncoderClassifier", "EncoderClassifierConfig", "GPT", "GPTConfig", "TextConfig",
+        "TextEncoder", "TextEncoderConfig", "Transformer", "TransformerConfig", "ViTConfig",
+        "VisionTransformer", "count_parameters", "mean_pool")),
+    *(f"multihead.{n}" for n in (
+        "check_heads", "default_positions", "merge_heads", "repeat_kv", "split_heads")),
+    *(f"positions.{n}" for n in (
+        "check_positions", "sinusoidal_positions")),
+    *(f"pretrained.{n}" for n in (
+        "bert_config", "bert_rules", "gpt2_config", "gpt2_rules", "llama_config",
+        "llama_rules")),
+    *(f"qkv.{n}" for n in (
+        "check_qkv",)),
+    *(f"quantised.{n}" for n in (
+        "QuantisedWeight", "quantised_linear")),
+    *(f"training.{n}" for n in (
+        "TrainLog", "WeightAverage", "learning_rate", "sequence_loss")),
+}
+
+CONSTANTS = {
+    *(f"checkpoints.{n}" for n in (
+        "FORMAT",)),
+    *(f"data.{n}" for n in (
+        "CASES", "DATE_FORMATS", "FIRST_DAY", "LAST_DAY", "MONTHS", "WEEKDAYS")),
+    *(f"embeddings.{n}" for n in (
+        "SPECIAL_TOKENS",)),
+    *(f"feedforward.{n}" for n in (
+        "ACTIVATIONS",)),
+    *(f"layers.{n}" for n in (
+        "NORMS",)),
+    *(f"model.{n}" for n in (
+        "POSITION_ENCODINGS",)),
+    *(f"training.{n}" for n in (
+        "SCHEDULES",)),
+}
+
+
 # ================================================================== runner
 # (every case is registered above this line: the parametrisation reads REGISTRY)
 def public_names() -> set:
@@ -170,6 +261,41 @@ def test_every_public_name_is_fuzzed_or_exempt():
     if both:
         problems.append(f"names both fuzzed and exempt: {both}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_fuzzed_name_is_classified():
+    "Entry points, building blocks and constants: disjoint, and together what is fuzzed."
+    groups = (ENTRY_POINTS, BUILDING_BLOCKS, CONSTANTS)
+    assert sum(map(len, groups)) == len(set().union(*groups)), "a name in two groups"
+    unclassified = sorted(REGISTRY.keys() - set().union(*groups))
+    stale = sorted(set().union(*groups) - REGISTRY.keys())
+    assert not unclassified, f"fuzzed names in no group (entry point or building block?): {unclassified}"
+    assert not stale, f"classified names that are not fuzzed: {stale}"
+
+
+def test_building_blocks_trust_their_inputs():
+    """No `raise`, no check call and no `isinstance` in the methods through which a building
+    block computes: it checked its configuration in `__init__`, and the models check what
+    they are given where a call begins (a fact is checked once a call)."""
+    import ast
+    import inspect
+    import textwrap
+    found = []
+    for name in sorted(BUILDING_BLOCKS):
+        mod, cls = name.split(".")
+        klass = getattr(importlib.import_module(f"minitransformer.{mod}"), cls)
+        for method in BLOCK_CALLS:
+            fn = vars(klass).get(method)
+            if fn is None:
+                continue
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            for node in ast.walk(tree):
+                call = node.func if isinstance(node, ast.Call) else None
+                called = getattr(call, "id", getattr(call, "attr", ""))
+                if isinstance(node, ast.Raise) or called == "isinstance" or (
+                        called.lstrip("_").startswith("check")):
+                    found.append(f"{name}.{method}: {ast.unparse(node)[:60]}")
+    assert not found, "checks inside building blocks:\n" + "\n".join(found)
 
 
 @pytest.mark.timeout(300)

@@ -1,18 +1,11 @@
-"""minitransformer.layers: norms and layer configs refuse what they cannot build, layers and
-stacks refuse wrong inputs, and RMSNorm is exact (gradcheck in float64, bfloat16 computed in
+"""minitransformer.layers: norms and layer configs refuse what they cannot build, what the
+layers and stacks trust is refused where a model's call begins, and RMSNorm is exact (gradcheck in float64, bfloat16 computed in
 float32, torch.func)."""
 
 import torch
 
-from minitransformer.layers import (
-    Decoder,
-    DecoderLayer,
-    EncoderLayer,
-    LayerConfig,
-    RMSNorm,
-    make_norm,
-)
-from minitransformer.masks import padding_mask
+from minitransformer.layers import EncoderLayer, LayerConfig, RMSNorm, make_norm
+from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 
 from helpers import raises
 
@@ -35,33 +28,27 @@ def test_make_norm_and_layer_config_refuse_what_they_cannot_build():
         EncoderLayer({"d_model": 16})
 
 
-def test_layers_refuse_missing_or_unwanted_memory_and_wrong_widths():
-    cfg = LayerConfig(d_model=16, n_heads=4, d_ff=40)
-    enc, dec = EncoderLayer(cfg), DecoderLayer(cfg)
-    gpt_block = DecoderLayer(cfg, cross_attention=False)
-    tgt, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
-    with raises(ValueError, "needs the encoder output `memory` or a cross_cache"):
-        dec(tgt)
-    with raises(ValueError, "built with cross_attention=False"):
-        gpt_block(tgt, memory)
-    with raises(ValueError, "x has width 12 (shape (2, 7, 12))"):
-        enc(torch.randn(2, 7, 12))
-    with raises(ValueError, "x must hold at least one token"):
-        enc(torch.randn(2, 0, 16))
-    with raises(ValueError, "must have the batch size of x"):
-        dec(tgt, torch.randn(3, 7, 16))
-    with raises(ValueError, "memory_mask of shape"):
-        dec(tgt, memory, memory_mask=padding_mask(torch.tensor([5, 4]), 5))
-
-
-def test_stacks_refuse_positions_without_rotary_and_foreign_caches():
-    cfg = LayerConfig(d_model=16, n_heads=4, d_ff=40, norm_first=True)
-    stack = Decoder(cfg, 2, cross_attention=False)
-    x = torch.randn(2, 3, 16)
-    with raises(ValueError, "positions were given, but this stack has no rotary"):
-        stack(x, positions=torch.arange(3))
+def test_the_models_refuse_what_their_layers_trust():
+    """The layers and stacks check their configuration only; what reaches them is checked
+    once, where a model's call begins, naming the argument."""
+    torch.manual_seed(0)
+    tr = Transformer(TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16,
+                                       n_heads=4, n_encoder_layers=1, n_decoder_layers=1))
+    memory, source_mask = tr.encode(torch.randint(1, 20, (2, 7)))
+    tgt = torch.randint(1, 20, (2, 5))
+    with raises(ValueError, "decode needs the encoder output `memory`"):
+        tr.decode(tgt, None)
+    with raises(ValueError, "memory must be the encoder output (B, S, C) = (2, S, 16)"):
+        tr.decode(tgt, torch.randn(3, 7, 16))
+    with raises(ValueError, "source_mask must be (B, S) = (2, 7)"):
+        tr.decode(tgt, memory, source_mask[:, :5])
+    gpt = GPT(GPTConfig(vocab_size=20, d_model=16, n_heads=4, n_layers=1))
+    with raises(TypeError, "positions must be an integer tensor"):
+        gpt(tgt, positions=torch.arange(5.0))
     with raises(TypeError, "cache must be a DecoderCache (model.make_cache), got dict"):
-        stack(x, cache={})
+        gpt(tgt, cache={})
+    with raises(TypeError, "cache must be a DecoderCache (model.make_cache), got dict"):
+        gpt.decoder.check_cache({}, 2, 5)  # what the model asks of its stack
 
 
 def test_rms_norm_passes_gradcheck_in_float64():

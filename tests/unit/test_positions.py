@@ -29,11 +29,9 @@ def test_rope_properties(seed, interleaved):
         assert torch.allclose(halves(q[..., perm], pos), rope(q, pos)[..., perm], atol=1e-6)
 
 
-def test_rotary_and_positions_refusals_moved_to_folded_helpers():
+def test_rotary_and_positions_refusals():
     with raises(ValueError, "head_dim must be even, got 7"):
         RotaryEmbedding(7)
-    with raises(ValueError, "positions must be (T,) or (B, T), got shape (1, 2, 3)"):
-        RotaryEmbedding(4).angles(torch.zeros(1, 2, 3, dtype=torch.long))
     with raises(TypeError, "positions must be an integer tensor"):
         check_positions(torch.zeros(3), 8)
     with raises(ValueError, "positions must lie in [0, 8) (max_len=8), got values from 0 "

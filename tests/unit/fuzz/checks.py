@@ -250,32 +250,6 @@ def _(data):
         assert out is t
 
 
-@case("checks.check_width")
-def _(data):
-    core = _mod("checks")
-    p = Probe(data, ["x", "width", "min_dim"])
-    shape = p.draw(st.lists(st.integers(0, 3), min_size=1, max_size=3).map(tuple),
-                   label="shape")
-    dtype = p.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
-    width = p.value("width", st.sampled_from([shape[-1], shape[-1] + 1]),
-                    ("1", None, 1.5, -1, True), names=["width"])
-    min_dim = p.value("min_dim", st.integers(0, 3), ("1", None, 1.5), names=["min_dim"])
-    owner = p.draw(st.sampled_from([None, "the layer has d_model"]), label="owner")
-    x = p.tensor("x", torch.zeros(shape, dtype=dtype), {
-        "list": BAD, "noncontig": VALID, "number": (BAD, lambda t: 1.0),
-        "scalar0": (BAD, lambda t: torch.tensor(1.0))}, names=["probe"])
-    if p.status == VALID and (x.dim() < max(min_dim, 1) or not x.is_floating_point()
-                              or x.shape[-1] != width):
-        p.mark(BAD, ["probe"], f"x {fmt(x)} fails width={width} min_dim={min_dim}")
-    elif isinstance(x, torch.Tensor) and (not x.is_floating_point() or (
-            type(min_dim) is int and x.dim() < max(min_dim, 1))):
-        p.mark(BAD, ["probe"], f"x {fmt(x)} is refused before width is read")
-    out = p.run(lambda: p.call("check_width", core.check_width, x, "probe", width, owner,
-                               min_dim=min_dim))
-    if ok(out):
-        assert out is x
-
-
 @case("checks.check_module")
 def _(data):
     core = _mod("checks")

@@ -58,7 +58,7 @@ def _positions_arg(p, T, max_len, batch=None, name="positions", table=True):
 @case("positions.SinusoidalPositions")
 def _(data):
     pos = _mod("positions")
-    p = Probe(data, ["d_model", "max_len", "base", "positions"])
+    p = Probe(data, ["d_model", "max_len", "base"])  # trusts positions
     C = p.value("d_model", st.integers(1, 8), POS_INT_BAD)
     L = p.value("max_len", st.integers(1, 12), POS_INT_BAD)
     base = p.value("base", st.sampled_from([10000.0, 2.0]), BASE_BAD)
@@ -77,7 +77,7 @@ def _(data):
 @case("positions.LearnedPositions")
 def _(data):
     pos = _mod("positions")
-    p = Probe(data, ["d_model", "max_len", "init_std", "dtype", "positions"])
+    p = Probe(data, ["d_model", "max_len", "init_std", "dtype"])  # trusts positions
     C = p.value("d_model", st.integers(1, 8), POS_INT_BAD)
     L = p.value("max_len", st.integers(1, 12), POS_INT_BAD)
     init_std = p.value("init_std", st.sampled_from([0.02, 1.0, 0.0]),
@@ -110,7 +110,7 @@ def _(data):
 @case("positions.RotaryEmbedding", examples=50)
 def _(data):
     pos = _mod("positions")
-    p = Probe(data, ["head_dim", "max_len", "base", "positions", "x", "angles"])
+    p = Probe(data, ["head_dim", "max_len", "base"])  # trusts x, positions, angles
     D = p.value("head_dim", st.sampled_from([2, 4, 6, 8]), (0, 3, -2, 4.0, True, "4", None))
     L = p.value("max_len", st.integers(1, 12), POS_INT_BAD)
     base = p.value("base", st.sampled_from([10000.0, 2.0]), BASE_BAD)

@@ -28,7 +28,7 @@ from ._common import (
 @case("qkv.QKVProjection", examples=40)
 def _(data):
     qkv = _mod("qkv")
-    p = Probe(data, ["d_model", "d_q", "d_k", "d_v", "dtype", "x", "context"])
+    p = Probe(data, ["d_model", "d_q", "d_k", "d_v", "dtype"])  # trusts x, context
     C = p.value("d_model", st.integers(1, 8), POS_INT_BAD)
     dq = p.value("d_q", st.integers(1, 8), POS_INT_BAD)
     # None is the documented default of d_k and d_v (= d_q), not a bad value

@@ -1,32 +1,39 @@
 """SmolLM2-135M-Instruct decoding from fewer bytes per weight: float32 (the Q4_1 file dequantised), int8 per
-row, q8_0 (int8 per block of 32), the file's own Q4_1 blocks (`load_gguf_blocks`), and
-llama.cpp on the same file, side by side in one process, interleaved.
+row, q8_0 (int8 per block of 32), the file's own Q4_1 blocks (`load_gguf_blocks`), and llama.cpp on the same
+file, side by side in one process, alternated round by round.
 
-    python bench/bench_quantised.py [--rounds 3] [--new-tokens 128]
+    python bench/bench_quantised.py [--rounds 5] [--new-tokens 128] [--out nbs/bench/decode.json]
     BENCH_THREADS=2 python bench/bench_quantised.py
 
-Each row: tokens/s over the 64-token prompt plus 128 greedy new tokens at batch 1 (the median of the rounds;
-the sides take turns going first), the bytes a decode step reads (every weight once, the tied table once,
-plus the static KV cache), the achieved GB/s (bytes per token x decode tokens/s, as gpt-fast prints it), the
-perplexity of 1,024 tokens of Macbeth (held out: the prompts come from other plays), and the resident memory
-after loading that model alone in a fresh process, before any compile. Then the fixed per-token cost: the
-compiled step of the file-blocks model profiled, its inductor kernels against everything else.
+Every side of ours is the public call a user makes, `generate(model, rows, N, compile=True)` with its
+defaults (and `generate(model, rows, N)` for the eager float32 row); nothing global is set besides torch's
+thread count, printed with the other settings. Each round runs every side once, llama.cpp among them, in an
+order that rotates from round to round; each side is timed for the 64-token prompt plus N greedy new tokens
+and for the prompt plus one, so that its prefill (s) and its decode step (ms: the difference over N - 1
+tokens) are reported apart, for llama.cpp as for us. The ratios to llama.cpp are taken round by round, then
+their median. Also per row: the bytes a decode step reads (every weight once, the tied table once, plus the
+static KV cache), the achieved GB/s, the perplexity of 1,024 tokens of Macbeth (held out: the prompts come
+from other plays), the resident memory after loading that model alone in a fresh process, and the first
+compiled call. Then the fixed per-token cost: the compiled step of the file-blocks model profiled, its
+inductor kernels against everything else. `--out` writes the results as JSON (the book reads them).
 llama.cpp (llama-cpp-python, optional: skipped when absent) decodes the same file with the same threads.
 """
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from bench_smollm2 import PROMPT, llama_cpp_rate, prompts, weights_path
+from bench_smollm2 import PROMPT, prompts, weights_path
 from common import timed
 from minitransformer.data import shakespeare_plays
-from minitransformer.generation import generate, read_bandwidth
+from minitransformer.generation import _slots, generate, read_bandwidth
 from minitransformer.gguf import load_gguf
 from minitransformer.quantised import load_gguf_blocks, quantise, weight_bytes
 
@@ -49,6 +56,27 @@ def resident_child(kind: str) -> None:
     print(json.dumps({"rss_mb": rss / 1024, "weights_mb": weight_bytes(lm.model) / 1e6}))
 
 
+def llama_cpp_side(path, rows, n_max: int, threads: int):
+    "llama.cpp on the same file as a side `fn(B, n)`: the first prompt, n greedy tokens (None if absent)."
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(path), n_ctx=PROMPT + n_max + 8, n_threads=threads, n_threads_batch=threads,
+                n_batch=PROMPT, verbose=False)
+
+    def run(B: int, n: int) -> list[list[int]]:
+        llm.reset()
+        out = []
+        for token in llm.generate(rows[0], top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(token)
+            if len(out) == n:
+                return [out]
+
+    run(1, 4)  # warm-up
+    return run
+
+
 def perplexity(model, tokenizer, n: int = PPL_TOKENS) -> float:
     text = shakespeare_plays()["macbeth"]
     ids = torch.tensor([tokenizer.encode(text[20_000:], special_tokens=False)[:n + 1]])
@@ -59,8 +87,9 @@ def perplexity(model, tokenizer, n: int = PPL_TOKENS) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--out", help="write the results to this JSON file")
     ap.add_argument("--resident-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     threads = int(os.environ.get("BENCH_THREADS", len(os.sched_getaffinity(0))))
@@ -90,10 +119,14 @@ def main() -> None:
     for _, fn in sides:
         fn(1, N // 2)  # warm-up; another length: no new graph
     recompiled = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+    llama = llama_cpp_side(weights_path(), rows, N, threads)
+    if llama is not None:
+        sides.append(("llama.cpp", llama))
     cpu = torch.device("cpu")
     t = {name: [] for name, _ in sides}
     pre = {name: [] for name, _ in sides}
     out = {}
+    load_before = os.getloadavg()
     for r in range(a.rounds):
         order = sides[r % len(sides):] + sides[:r % len(sides)]
         for name, fn in order:
@@ -102,43 +135,72 @@ def main() -> None:
             pre[name].append(timed(lambda: fn(1, 1), cpu))
             out[name] = kept["out"]
         print(f"  round {r + 1}/{a.rounds} done", flush=True)
-    llama = llama_cpp_rate(weights_path(), rows, N, threads, a.rounds)
+    load_after = os.getloadavg()
     bandwidth = read_bandwidth()
 
     c = models["float32"].model.config
-    cache = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4 * (PROMPT + N)  # static KV cache, float32
+    slots = _slots(PROMPT + N, c.max_len)  # the compiled step's static cache, float32
+    cache = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4 * slots
     file_bytes = weights_path().stat().st_size
-    print(f"threads={threads} torch={torch.__version__}; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"prompt {PROMPT} tokens, {N} new, greedy, batch 1; {a.rounds} interleaved rounds, medians; "
+    settings = dict(threads=threads, torch=torch.__version__, cpu=platform.processor() or platform.machine(),
+                    inductor_cpp_wrapper=torch._inductor.config.cpp_wrapper,
+                    inductor_cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default"),
+                    read_bandwidth_gb_s=round(bandwidth / 1e9, 2),
+                    load_average_before=round(load_before[0], 2), load_average_after=round(load_after[0], 2))
+    print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    print(f"prompt {PROMPT} tokens, {N} new, greedy, batch 1; {a.rounds} alternated rounds, medians; "
           f"graphs compiled by another length: {recompiled}")
-    print(f"\n{'side':<24}{'tok/s':>7}{'step ms':>9}{'MB/token':>10}{'GB/s':>7}{'perplexity':>11}"
-          f"{'resident MB':>12}{'first call s':>13}")
+    print(f"\n{'side':<24}{'tok/s':>7}{'prefill s':>10}{'step ms':>9}{'MB/token':>10}{'GB/s':>7}"
+          f"{'perplexity':>11}{'resident MB':>12}{'first call s':>13}")
     ppl = {kind: perplexity(lm.model, tok) for kind, lm in models.items()}
+    rows_out = {}
     for name, _ in sides:
+        steps = [(total - p) / (N - 1) for total, p in zip(t[name], pre[name])]
+        total, p, step = statistics.median(t[name]), statistics.median(pre[name]), statistics.median(steps)
         kind = name.split(",")[0]
-        model = models[kind].model
-        total, p = statistics.median(t[name]), statistics.median(pre[name])
-        step = (total - p) / (N - 1)
-        b = weight_bytes(model) + cache
-        first_s = f"{first[kind]:.1f}" if "compiled" in name else "-"
-        print(f"{name:<24}{N / total:>7.1f}{1e3 * step:>9.2f}{b / 1e6:>10.1f}{b / step / 1e9:>7.1f}{ppl[kind]:>11.2f}"
-              f"{resident[kind]:>12.0f}{first_s:>13}")
+        if name == "llama.cpp":
+            b, extra = file_bytes, {}
+        else:
+            b = weight_bytes(models[kind].model) + cache
+            extra = dict(perplexity=ppl[kind], resident_mb=resident[kind],
+                         first_call_s=first[kind] if "compiled" in name else None)
+        rows_out[name] = dict(tokens_per_s=N / total, prefill_s=p, step_ms=1e3 * step, mb_per_token=b / 1e6,
+                              gb_per_s=b / step / 1e9, rounds_total_s=t[name], rounds_prefill_s=pre[name],
+                              **extra)
+        r_ = rows_out[name]
+        print(f"{name:<24}{r_['tokens_per_s']:>7.1f}{p:>10.3f}{r_['step_ms']:>9.2f}{b / 1e6:>10.1f}"
+              f"{r_['gb_per_s']:>7.1f}" + (f"{ppl[kind]:>11.2f}{resident[kind]:>12.0f}"
+              f"{(f'{first[kind]:.1f}' if 'compiled' in name else '-'):>13}" if name != "llama.cpp" else ""))
+    ratios = {}
     if llama is not None:
-        print(f"{'llama.cpp (same file)':<24}{llama[0]:>7.1f}{'':>9}{file_bytes / 1e6:>10.1f}"
-              f"{file_bytes * llama[0] / 1e9:>7.1f}   (its GB/s over the whole run, prompt included)")
-        blocks = statistics.median(t["file blocks, compiled"])
-        print(f"file blocks compiled / llama.cpp tokens per second: {N / blocks / llama[0]:.2f}x")
+        for name in rows_out:
+            if name == "llama.cpp":
+                continue
+            per_round = [tl / tw for tw, tl in zip(t[name], t["llama.cpp"])]  # their time / ours
+            step_round = [((tl - pl) / (tw - pw)) for tw, pw, tl, pl in
+                          zip(t[name], pre[name], t["llama.cpp"], pre["llama.cpp"])]
+            ratios[name] = dict(tokens_per_s=statistics.median(per_round), step=statistics.median(step_round))
+            print(f"{name} / llama.cpp, median of the rounds: tokens/s {ratios[name]['tokens_per_s']:.2f}x, "
+                  f"decode step {ratios[name]['step']:.2f}x")
     else:
         print("llama.cpp: not measured (CMAKE_ARGS=-DGGML_NATIVE=ON pip install llama-cpp-python==0.3.36)")
+    step_profile = profile(models["file blocks"].model, rows, N)
+    if a.out:
+        result = dict(bench="bench/bench_quantised.py", date=time.strftime("%Y-%m-%d"), prompt=PROMPT,
+                      new_tokens=N, rounds=a.rounds, settings=settings, recompiled=recompiled,
+                      sides=rows_out, ratio_to_llama_cpp=ratios, blocks_step_profile=step_profile,
+                      tokens_equal_float32_compiled={n: out[n][0] == out["float32, compiled"][0]
+                                                     for n in out if n != "llama.cpp"})
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {a.out}")
     base = out["float32, compiled"][0]
-    for name, _ in sides:
+    for name, _ in sides[:-1] if llama is not None else sides:
         same = out[name][0] == base
         print(f"{name}: greedy tokens {'identical to' if same else 'differ from'} float32 compiled")
-    profile(models["file blocks"].model, rows, N)
 
 
-def profile(model, rows, N: int) -> None:
+def profile(model, rows, N: int) -> dict:
     "The file-blocks compiled step: time in inductor's kernels against the rest (the fixed per-token cost)."
     import torch._inductor.config as inductor_config
     from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -155,6 +217,8 @@ def profile(model, rows, N: int) -> None:
     print(f"\nper compiled step (file blocks, {steps} steps): {region / 1e3:.2f} ms in the compiled region, of "
           f"which inductor's kernels {kernels / 1e3:.2f} ms; outside the kernels (the wrapper's buffers and "
           f"calls, guards) {(region - kernels) / 1e3:.2f} ms; dynamo's guard check {lookup / 1e3:.2f} ms")
+    return dict(steps=steps, region_ms=region / 1e3, kernels_ms=kernels / 1e3,
+                around_kernels_ms=(region - kernels) / 1e3, guards_ms=lookup / 1e3)
 
 
 if __name__ == "__main__":

@@ -305,8 +305,10 @@ _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
 
 def _slots(total: int, max_len: int) -> int:
     """A compiled step's cache length for `total` tokens: the next power of two from
-    64 on (at most `max_len`), so that most calls share a graph."""
-    return min(max_len, max(64, 1 << (total - 1).bit_length()))
+    64 on, so that most calls share a graph; `max_len` once the next power after it
+    would pass `max_len` (then every longer call shares that graph too)."""
+    slots = max(64, 1 << (total - 1).bit_length())
+    return max_len if 2 * slots > max_len else slots
 
 
 def _greedy_step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:

@@ -266,3 +266,34 @@ def test_deepcopy_and_pickle_after_training_and_after_compiled_decoding():
         for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             torch.testing.assert_close(other(ids), want, atol=0, rtol=0)
             assert generate(other, [[1, 2]], 4) == generate(model, [[1, 2]], 4)
+
+
+def test_models_that_differ_only_in_a_setting_keep_their_own_tokens_compiled():
+    """Two models of the same shapes and weights that differ only in a non-tensor setting
+    (the activation, the rotary base): their compiled steps, called alternately and then from
+    two threads after warm-up, give each model's eager tokens (the guards see the setting)."""
+    out = run("""
+    import threading
+    pairs = [(gpt(0, activation="gelu"), gpt(0, activation="relu")),
+             (gpt(1, **RECIPE), gpt(1, **dict(RECIPE, rope_base=50.0)))]
+    for a, b in pairs:
+        b.load_state_dict(a.state_dict())
+        a.eval(), b.eval()
+        want = [generate(m, [[1, 2, 3]], 12) for m in (a, b)]
+        assert want[0] != want[1], "the setting should change the tokens"
+        for _ in range(2):  # alternately
+            got = [generate(m, [[1, 2, 3]], 12, compile="eager") for m in (a, b)]
+            assert got == want, (got, want)
+        got = [None, None]
+        def work(i):
+            got[i] = [generate((a, b)[i], [[1, 2, 3]], 12, compile="eager")
+                      for _ in range(3)]
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert got == [[w] * 3 for w in want], (got, want)
+    print("ok")
+    """, timeout=300)
+    assert out.startswith("ok")

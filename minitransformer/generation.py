@@ -301,6 +301,10 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
 
 # %% ../nbs/12_generation.ipynb #24b21fb6
 _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
+# inductor's option (for this compile only) to compute a one-row product by a weight of
+# at most 2048 x 2048 as a fused multiply-and-sum of its own, which reads the weight at
+# memory speed; the matrix library's one-row product on a CPU does not
+_ONE_ROW_PRODUCTS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
 
 
 def _slots(total: int, max_len: int) -> int:
@@ -320,8 +324,9 @@ def _greedy_step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
 def _compiled_step(backend: str, greedy: bool):
     """`_step` (or `_greedy_step`) through `torch.compile` with `backend`, as one graph:
     every shape static, the cache's write slot a tensor."""
+    options = _ONE_ROW_PRODUCTS if backend == "inductor" else None
     compiled = torch.compile(_greedy_step if greedy else _step, backend=backend,
-                             fullgraph=True, dynamic=False)
+                             fullgraph=True, dynamic=False, options=options)
     cfg, exc = torch._dynamo.config, torch._dynamo.exc  # (older torch: "cache" names)
     limits = {k: v for k, v in dict(
         recompile_limit=_RECOMPILE_LIMIT, cache_size_limit=_RECOMPILE_LIMIT,

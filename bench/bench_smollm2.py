@@ -12,7 +12,7 @@ batch 1 and batch 8 (8 different prompts, all 64 tokens: no padding).
 
 Compilation, first: two fresh processes, one after the other, share a new, empty inductor cache folder
 (`TORCHINDUCTOR_CACHE_DIR`); each loads the model and times its first `generate(..., compile=True)` call of
-2 new tokens from the call (the prompt and one compiled step: every region compiled). The first process
+2 new tokens from the call (the prompt and one compiled step: the step compiled). The first process
 compiles from scratch ("cold"); the second finds the compiled code in the cache ("warm second process").
 Then, in this process, calls of other lengths must compile nothing more (dynamo's graph count).
 

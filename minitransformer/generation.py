@@ -211,8 +211,8 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     padding masked, so each row gets exactly the tokens it would get alone.
     `compile` runs the one-token steps through `torch.compile` (`_compiled_step`),
     one graph a step (greedy: the choice of the token included), over a static cache
-    written at a slot held on the device and sized in powers of two, so that calls of
-    other lengths reuse the compiled code."""
+    written at a slot held on the device and sized in powers of two (or `max_len`), so
+    that calls of other lengths reuse the compiled code."""
     rows, src_rows, max_new_tokens, backend = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
         generator, use_cache, compile)
@@ -231,7 +231,8 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     elif use_cache:
         cache = model.make_cache(B, slots, static=static)
     if static:  # the mask covers every slot; those not yet written are not real
-        real = torch.cat([real, real.new_zeros(B, slots - total)], 1)  # (B, slots)
+        real = torch.cat([real, real.new_zeros(B, max(slots - total, 0))], 1)
+        slot_real = real[:, :slots]  # (B, slots): a view (the last token is never fed)
     sampling = (float(temperature), top_k, top_p, generator)
     greedy = sampling[0] == 0.0  # compiled: the argmax is part of the step
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
@@ -244,11 +245,11 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         kw = dict(positions=positions[:, lo:t], cache=cache)
         if one and static:  # written at slot t - 1; the mask: the real slots
             kw |= dict(cache_position=torch.tensor([lo], device=device),
-                       attention_mask=real)
+                       attention_mask=slot_real)
         elif one and not encdec and padded:  # its mask row: a view
             kw["full_attention_mask"] = real4[..., :t]
         elif padded or (static and encdec):  # the prompt (or all): built once
-            kw["attention_mask"] = real if static else real[:, :t]
+            kw["attention_mask"] = slot_real if static else real[:, :t]
         mem = memory if cache is None else None  # (a cache holds the encoder's keys)
         logits = (step if one else _step)(model, ids[:, lo:t], mem, source_mask, kw)
         if one and static:  # (its caller, generate, keeps the cache's length)

@@ -92,10 +92,8 @@ class _Embed(nn.Module):
 
 def _decoder_inputs(ids, positions, cache, attention_mask=None,
                     full_attention_mask=None, cache_position=None) -> tuple:
-    """The positions of a decoder's T new tokens (by default, after the cache's) and
-    self-attention's `(mask, is_causal)`: no mask for causality alone over T > 1
-    tokens; a static cache is read whole, so its empty slots are masked (by comparing
-    slots, when the caller names them: no length is read on the host)."""
+    """The T new tokens' positions (default: after the cache's) and self-attention's
+    `(mask, is_causal)`; a static cache's empty slots masked (compared, with slots)."""
     (B, T), device = ids.shape, ids.device
     past = 0 if cache is None or cache_position is not None else cache.length
     if positions is None:
@@ -123,8 +121,8 @@ def _source_len(memory, cache, source_mask: torch.Tensor) -> int:
 
 def _check_pad_id(pad_id: int, *vocab_sizes: int) -> None:
     if pad_id >= min(vocab_sizes):
-        raise ValueError(f"pad_id must be a token id below the vocabulary size "
-                         f"{min(vocab_sizes)}, got {pad_id}")
+        raise ValueError(f"pad_id must be below the vocab_size {min(vocab_sizes)}, "
+                         f"got {pad_id}")
 
 
 def _ids(ids: torch.Tensor, name: str) -> tuple[int, int]:
@@ -192,19 +190,23 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     _check_length(T, c.max_len, past)
     _check_model_positions(positions, B, T)
     _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read
-    if cache_position is not None and attention_mask is not None:  # (the masks are
-        padding_mask_from_real(attention_mask, B, keys, "attention_mask")  # used as
-    if full_attention_mask is not None:  # they are: decoder_mask checks them else)
+    slots = cache_position is not None  # (its masks are used as they are; without
+    if slots and attention_mask is not None and full_attention_mask is not None:
+        raise ValueError("give attention_mask (real tokens) or full_attention_mask, "
+                         "not both")  # it, decoder_mask checks them but not the heads)
+    if slots and attention_mask is not None:
+        padding_mask_from_real(attention_mask, B, keys, "attention_mask")
+    if full_attention_mask is not None:
+        wide = keys if slots else full_attention_mask.size(-1)
         check_bool_mask(full_attention_mask, "full_attention_mask")
-        check_mask(full_attention_mask, (B, c.n_heads, T, keys))
+        check_mask(full_attention_mask, (B, c.n_heads, T, wide))
     check_flag(last_only, "last_only")
     return B
 
 
 def _check_text_ids(ids, mask, vocab_size: int, max_len: int, name: str = "ids",
                     mask_name: str = "attention_mask", prefix=None, model=None) -> None:
-    """Raise unless ids `(B, T)` fit the vocabulary and `max_len` (after the `prefix`
-    vectors of `model`, if any), and `mask` (B, T)."""
+    "Raise unless ids `(B, T)` fit the vocabulary, `max_len` (after `prefix`), `mask`."
     B, T = _ids(ids, name)
     P = 0 if prefix is None else _check_prefix(model, prefix, B)
     _check_length(T, max_len, P, "prefix vectors")
@@ -233,8 +235,7 @@ def _check_decode(model, tgt, memory, source_mask, attention_mask, positions,
 
 def _check_same_batch(src, tgt) -> None:
     if check_tensor(tgt, "tgt").shape[0] != src.shape[0]:
-        raise ValueError(f"src {shape_str(src)} and tgt {shape_str(tgt)} must have "
-                         "the same batch size B")
+        raise ValueError(f"src {shape_str(src)} and tgt {shape_str(tgt)} must share B")
 
 
 def _check_prefix(model, prefix, B: int) -> int:

@@ -42,7 +42,7 @@ def bench_attention(dtype, B=8, H=16, T=2048, D=64, repeats=20) -> tuple[float, 
 
 def bench_generate(dtype, new_tokens=256) -> list[float]:
     """Tokens/s of cached greedy generation for the 4-layer d_model-256 benchmark GPT: batch 1 and 32,
-    eager and with `generate(..., compile=True)` (one compiled layer region over the static cache), and
+    eager and with `generate(..., compile=True)` (one flat graph a step over the static cache), and
     the seconds of the first compiled call (compilation included); the compiled tokens must equal the
     eager ones."""
     from minitransformer.generation import generate

@@ -176,7 +176,7 @@ def test_a_failed_call_leaves_the_cache_as_it_was():
     with torch.no_grad():
         model(ids, cache=cache)
         bad = torch.ones(2, 1, 1, 3, dtype=torch.bool, device=DEVICE)  # S should be 6
-        with pytest.raises(ValueError, match="does not broadcast"):
+        with pytest.raises(ValueError, match="full_attention_mask must broadcast"):
             model(ids[:, :1], cache=cache, full_attention_mask=bad)
         attn = model.decoder.layers[-1].self_attn
         original = attn.forward

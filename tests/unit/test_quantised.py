@@ -134,7 +134,7 @@ def _float_buffers(source: str) -> list[int]:
     sizes = []
     for s in shapes:
         dims = [d.strip() for d in s.split(",") if d.strip()]
-        if all(d.isdigit() for d in dims):  # (symbolic sizes are the cache's lengths)
+        if all(d.isdigit() for d in dims):  # (every size is static: all numbers)
             sizes.append(int(torch.tensor([int(d) for d in dims]).prod()))
     return sizes
 
@@ -452,7 +452,7 @@ def test_save_folder_writes_a_quantised_lora_model_as_floats(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_generation_of_a_deep_quantised_model():
-    "Three layers or more: the step compiles with the blocks (no compile region takes them)."
+    "Three layers or more: the step compiles with the blocks, one flat graph."
     model = quantise(_gpt(n_layers=3), "q4_1")
     prompt = [[1, 2, 3, 4]]
     torch._dynamo.reset()

@@ -280,3 +280,10 @@ def test_non_finite_logits_are_refused():
     for stop_token in (None, 7):  # read at the end, or at every step
         with pytest.raises(ValueError, match="finite largest score"):
             generate(model, [[1, 2]], 3, stop_token=stop_token)
+
+
+def test_compiled_generation_up_to_the_models_length():
+    "Prompt + new tokens - 1 = max_len (the last token is never fed back): the cache holds max_len."
+    model = small_gpt(**RECIPE)  # max_len 48
+    prompts = [[1, 2, 3], [4, 5]]
+    assert generate(model, prompts, 46, compile="eager") == generate(model, prompts, 46)

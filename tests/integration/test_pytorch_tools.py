@@ -36,6 +36,19 @@ def gpt(seed=0, **kw):
     torch.manual_seed(seed)
     cfg = dict(vocab_size=50, max_len=32, d_model=32, n_heads=4, n_layers=2) | kw
     return GPT(GPTConfig(**cfg))
+def in_two_threads(work):
+    "[work(0), work(1)], each called in a thread of its own at the same time."
+    import threading
+    got = [None, None]
+    def run(i):
+        got[i] = work(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck"
+    return got
 """
 
 
@@ -227,20 +240,11 @@ def test_ten_model_variants_compile_in_one_process():
 
 def test_two_threads_generate_on_two_models():
     out = run("""
-    import threading
     models = [gpt(0, **RECIPE).eval(), gpt(1).eval()]
     want = [generate(m, [[1, 2, 3]], 8) for m in models]
     for compile in (False, "eager"):
-        got = [None, None]
-        def work(i):
-            got[i] = [generate(models[i], [[1, 2, 3]], 8, compile=compile)
-                      for _ in range(3)]
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads), "a thread is stuck"
+        got = in_two_threads(lambda i: [generate(models[i], [[1, 2, 3]], 8, compile=compile)
+                                        for _ in range(3)])
         assert got == [[w] * 3 for w in want], (compile, got, want)
     print("ok")
     """, timeout=300)
@@ -273,7 +277,6 @@ def test_models_that_differ_only_in_a_setting_keep_their_own_tokens_compiled():
     (the activation, the rotary base): their compiled steps, called alternately and then from
     two threads after warm-up, give each model's eager tokens (the guards see the setting)."""
     out = run("""
-    import threading
     pairs = [(gpt(0, activation="gelu"), gpt(0, activation="relu")),
              (gpt(1, **RECIPE), gpt(1, **dict(RECIPE, rope_base=50.0)))]
     for a, b in pairs:
@@ -284,15 +287,8 @@ def test_models_that_differ_only_in_a_setting_keep_their_own_tokens_compiled():
         for _ in range(2):  # alternately
             got = [generate(m, [[1, 2, 3]], 12, compile="eager") for m in (a, b)]
             assert got == want, (got, want)
-        got = [None, None]
-        def work(i):
-            got[i] = [generate((a, b)[i], [[1, 2, 3]], 12, compile="eager")
-                      for _ in range(3)]
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        got = in_two_threads(lambda i: [generate((a, b)[i], [[1, 2, 3]], 12, compile="eager")
+                                        for _ in range(3)])
         assert got == [[w] * 3 for w in want], (got, want)
     print("ok")
     """, timeout=300)

@@ -142,7 +142,9 @@ def attend(q, k, v, mask=None, dropout_p: float = 0.0, scale=None,
     """`scaled_dot_product_attention` without its checks: what the modules call, with
     arguments they have built. The one place where a query that may see no key gets
     zeros, whichever kernel ran (some give NaN for such a row)."""
-    scale, mask, causal = _prepare(q, k, mask, scale, is_causal, fused=True)
+    causal = False  # (without a scale, the kernel's default is 1/sqrt(D), as ours)
+    if is_causal or not q.shape[-1] or (mask is not None and mask.dim() < 2):
+        scale, mask, causal = _prepare(q, k, mask, scale, is_causal, fused=True)
     kw = {}
     if enable_gqa and k.shape[-3] != q.shape[-3]:  # fewer K/V heads than query heads
         if _SDPA_GQA:  # the kernel reads each K/V head for its group of query heads

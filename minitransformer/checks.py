@@ -153,10 +153,11 @@ def check_bool_mask(mask, name: str = "mask") -> torch.Tensor:
     return mask
 
 # %% ../nbs/93_checks.ipynb #14ba9795
-def is_integer_tensor(t: torch.Tensor) -> bool:
-    "Whether the tensor `t` has an integer dtype: not floating, not complex, not bool."
+def is_integer_tensor(t: torch.Tensor, name: str = "t") -> bool:
+    """Whether the tensor `t` has an integer dtype: not floating, not complex, not bool
+    (a `t` that is no tensor is refused, by `name`)."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 

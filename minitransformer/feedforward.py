@@ -3,6 +3,8 @@
 # %% ../nbs/06_feedforward.ipynb #7953fe53
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,18 +22,15 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 def activation(name: str, z: torch.Tensor) -> torch.Tensor:
     "Point-wise activation `name`: relu, gelu, gelu_tanh, or silu/swiglu (the gate)."
     _check_activation(name, z)  # a known name; z floating (relu would take ints)
-    return _activation(name, z)
+    return _FUNCTIONS[name](z)
 
 
-def _activation(name: str, z: torch.Tensor) -> torch.Tensor:
-    "`activation` without its checks (`FeedForward` knows its name is valid)."
-    if name == "relu":
-        return F.relu(z)
-    if name == "gelu":
-        return F.gelu(z)  # z * Phi(z), exact (erf), as in BERT
-    if name == "gelu_tanh":
-        return F.gelu(z, approximate="tanh")  # as in GPT-2's code
-    return F.silu(z)  # silu or swiglu: z * sigmoid(z)
+_FUNCTIONS = {  # each name's function (`FeedForward` looks its own up: no check)
+    "relu": F.relu,
+    "gelu": F.gelu,  # z * Phi(z), exact (erf), as in BERT
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # as in GPT-2's code
+    "silu": F.silu, "swiglu": F.silu,  # z * sigmoid(z): SwiGLU's gate
+}
 
 # %% ../nbs/06_feedforward.ipynb #6f164502
 def _check_activation(name, z) -> None:
@@ -66,7 +65,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = _activation(self.activation, self.w1(x))  # (..., T, d_ff)
+        h = _FUNCTIONS[self.activation](self.w1(x))  # (..., T, d_ff)
         if self.w3 is not None:
             h = h * self.w3(x)  # SwiGLU: gate ⊙ value
         if self.training and self.dropout.p:  # (at p = 0 or in eval: nothing to do)

@@ -121,13 +121,6 @@ def _check_truncation(length, current: int) -> int:
     return length
 
 
-def _check_room(past: int, T: int, max_len: int) -> None:
-    "Raise unless T new positions fit after `past` cached ones in a cache of `max_len`."
-    if past + T > max_len:
-        raise ValueError(f"KV cache overflow: {past} positions cached + {T} new > "
-                         f"max_len {max_len}; allocate a longer cache")
-
-
 # %% ../nbs/10_kv_cache.ipynb #e5c7d5f6
 def check_encoder_output(memory, d_model: int,
                          batch_size: int | None = None) -> torch.Tensor:
@@ -201,37 +194,6 @@ def _check_cross_fill(cache, decoder, memory) -> None:
                         decoder.layers[0].cfg.d_model)
 
 
-def _check_cache_fits(cache, decoder, B: int, T: int, memory,
-                      cache_position=None) -> None:
-    """Raise unless `cache` fits `decoder` for T new tokens of B sequences and `memory`
-    (at the slots `cache_position`: its values are the caller's to bound)."""
-    cross, n = cache.cross_attn, len(decoder.layers)
-    if not decoder.cross_attention and cross is not None:
-        raise ValueError("this stack has no cross-attention, but the cache has "
-                         "cross-attention caches: make it with this model's "
-                         "make_cache")
-    if decoder.cross_attention and cross is None and memory is None:
-        raise ValueError("this stack's cross-attention needs the encoder output "
-                         "`memory`, or a cache whose cross-attention part is "
-                         "filled from it (make_cache(memory))")
-    if cross is not None:
-        if memory is not None:
-            raise ValueError("the cache already holds the cross-attention keys "
-                             "and values of the encoder output: pass memory=None")
-        if any(len(c) == 0 for c in cross):
-            raise ValueError("the cache's cross-attention part is empty: fill it "
-                             "first with the encoder output's keys and values "
-                             "(fill_cross_attention)")
-    if len(cache.self_attn) != n or len(cross or [None] * n) != n:
-        raise ValueError(f"the cache has {len(cache.self_attn)} layers' caches for "
-                         f"a stack of {n} layers")
-    _check_allocation(cache.self_attn + list(cross or []), decoder.layers[0], B)
-    if cache_position is None:
-        _check_room(cache.length, T, cache.max_len)
-    else:
-        _check_slots(cache_position, cache.static, T, cache.max_len)
-
-
 def _check_slots(cache_position, static: bool, T: int, max_len: int) -> None:
     "Raise unless `cache_position` is `(T,)` slots in [0, max_len) of a static cache."
     check_tensor(cache_position, "cache_position")
@@ -249,18 +211,6 @@ def _check_slots(cache_position, static: bool, T: int, max_len: int) -> None:
     if low < 0 or high >= max_len:
         raise ValueError(f"cache_position must lie in [0, {max_len}), the cache's "
                          f"slots, got values from {low} to {high}")
-
-
-def _check_allocation(caches: list, layer, B: int) -> None:
-    "Raise unless each cache was allocated for this layer's stack, B, dtype, device."
-    attn, w = layer.self_attn, layer.ff_norm.weight
-    want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
-    for c in caches:
-        got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
-        if got != want:
-            raise ValueError(f"cache was allocated for (batch, K/V heads, head width, "
-                             f"dtype, device) = {got}, but this call needs {want}: "
-                             "make it with the model's make_cache")
 
 # %% ../nbs/10_kv_cache.ipynb #3f958e4a
 @dataclass
@@ -326,14 +276,43 @@ class DecoderCache:
         sequences and the encoder output `memory` (None when the cache holds its keys
         and values), written at `cache_position` (the slots, `(T,)`) if given; return
         how many key positions self-attention then reads."""
-        _check_cache_fits(self, decoder, B, T, memory, cache_position)
+        cross, n = self.cross_attn, len(decoder.layers)
+        if not decoder.cross_attention and cross is not None:
+            raise ValueError("this stack has no cross-attention, but the cache has "
+                             "cross-attention caches: make it with this model's "
+                             "make_cache")
+        if decoder.cross_attention and cross is None and memory is None:
+            raise ValueError("this stack's cross-attention needs the encoder output "
+                             "`memory`, or a cache whose cross-attention part is "
+                             "filled from it (make_cache(memory))")
+        if cross is not None:
+            if memory is not None:
+                raise ValueError("the cache already holds the cross-attention "
+                                 "keys and values of the encoder output: pass "
+                                 "memory=None")
+            if any(len(c) == 0 for c in cross):
+                raise ValueError("the cache's cross-attention part is empty: fill "
+                                 "it first with the encoder output's keys and "
+                                 "values (fill_cross_attention)")
+        if len(self.self_attn) != n or len(cross or [None] * n) != n:
+            raise ValueError(f"the cache has {len(self.self_attn)} layers' caches "
+                             f"for a stack of {n} layers")
+        attn, w = decoder.layers[0].self_attn, decoder.layers[0].ff_norm.weight
+        want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
+        for c in self.self_attn + list(cross or []):  # allocated for this call?
+            got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
+            if got != want:
+                raise ValueError(f"cache was allocated for (batch, K/V heads, head "
+                                 f"width, dtype, device) = {got}, but this call "
+                                 f"needs {want}: make it with the model's "
+                                 "make_cache")
+        if cache_position is not None:
+            _check_slots(cache_position, self.static, T, self.max_len)
+        elif self.length + T > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.length} positions cached + "
+                             f"{T} new > max_len {self.max_len}; allocate a longer "
+                             "cache")
         return self.max_len if self.static else self.length + T
-
-    def start_call(self, T: int) -> int:
-        "Before a call that adds T tokens: the tokens cached so far (and room for T)."
-        if not (type(T) is int and 0 <= T <= self.max_len - self.length):
-            _check_room(self.length, check_int(T, "T", minimum=0), self.max_len)
-        return self.length
 
     def slot_mask(self, slots: torch.Tensor,
                   real: torch.Tensor | None = None) -> torch.Tensor:

@@ -122,14 +122,16 @@ class _Sublayers(nn.Module):
         self.cfg = cfg
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer: nn.Module,
-                  *args, **kwargs) -> torch.Tensor:
-        """x + sublayer(x, *args, **kwargs), normalised before (pre-norm) or after
-        (post-norm); the sublayer's output dropped out while training."""
-        h = sublayer(norm(x) if self.cfg.norm_first else x, *args, **kwargs)
-        if self.training and self.cfg.dropout:  # (at p = 0 or in eval: nothing to do)
-            h = self.drop(h)
-        return x + h if self.cfg.norm_first else norm(x + h)
+    def _residual(self, x: torch.Tensor, *steps: tuple) -> torch.Tensor:
+        """x through each step `(norm, sublayer, args, kwargs)` in turn, inside a
+        residual connection: x + F(norm(x)) (pre-norm) or norm(x + F(x)) (post-norm),
+        F's output dropped out while training (at p = 0 or in eval: nothing to do)."""
+        pre, drop = self.cfg.norm_first, self.training and self.cfg.dropout
+        for norm, sublayer, args, kwargs in steps:
+            h = sublayer(norm(x) if pre else x, *args, **kwargs)
+            h = self.drop(h) if drop else h
+            x = x + h if pre else norm(x + h)
+        return x
 
     def _attention(self, rotary: nn.Module | None = None) -> MultiHeadAttention:
         c = self.cfg
@@ -152,9 +154,9 @@ class EncoderLayer(_Sublayers):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions=None) -> torch.Tensor:
-        x = self._residual(x, self.attn_norm, self.self_attn, mask=mask,
-                           positions=positions)
-        return self._residual(x, self.ff_norm, self.ff)
+        attend = dict(mask=mask, positions=positions)
+        return self._residual(x, (self.attn_norm, self.self_attn, (), attend),
+                              (self.ff_norm, self.ff, (), {}))
 
 # %% ../nbs/09_layers.ipynb #f1cab049
 class DecoderLayer(_Sublayers):
@@ -188,14 +190,14 @@ class DecoderLayer(_Sublayers):
                 is_causal: bool = False,  # self-attention: causal (+ `mask`)
                 cache_position=None,  # (T,) a static self_cache's slots to write
                 ) -> torch.Tensor:
-        x = self._residual(x, self.attn_norm, self.self_attn, mask=mask,
-                           positions=positions, cache=self_cache, is_causal=is_causal,
-                           cache_position=cache_position)
-        if self.cross_attn is not None:
+        attend = dict(mask=mask, positions=positions, cache=self_cache,
+                      is_causal=is_causal, cache_position=cache_position)
+        steps = [(self.attn_norm, self.self_attn, (), attend)]
+        if self.cross_attn is not None:  # over memory, or the cache filled from it
             context = memory if memory is not None else cross_cache
-            x = self._residual(x, self.cross_norm, self.cross_attn, context,
-                               mask=memory_mask)
-        return self._residual(x, self.ff_norm, self.ff)
+            steps.append((self.cross_norm, self.cross_attn, (context,),
+                          dict(mask=memory_mask)))
+        return self._residual(x, *steps, (self.ff_norm, self.ff, (), {}))
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
@@ -248,15 +250,15 @@ class _DecoderPlumbing(nn.Module):
                             f"{type(cache).__name__}")
         return cache.check_fits(self, B, T, memory, cache_position)
 
-    def _layer_caches(self, cache, T: int, cache_position=None) -> tuple[int, list]:
+    def _layer_caches(self, cache, cache_position=None) -> tuple[int, list]:
         """Tokens cached so far (0 without a cache, or with `cache_position`: its
-        caller keeps the length), each layer's (self, cross) caches, before a call that
-        adds T tokens."""
+        caller keeps the length) and each layer's (self, cross) caches; that the new
+        tokens fit, the model checked where its call began."""
         n = len(self.layers)
         if cache is None:
             return 0, [(None, None)] * n
         cross = cache.cross_attn if cache.cross_attn is not None else [None] * n
-        past = 0 if cache_position is not None else cache.start_call(T)
+        past = 0 if cache_position is not None else cache.length
         return past, list(zip(cache.self_attn, cross))
 
     @staticmethod
@@ -289,7 +291,7 @@ class Decoder(_DecoderPlumbing):
                 is_causal: bool = False,
                 cache_position: torch.Tensor | None = None,  # (T,) static cache slots
                 ) -> torch.Tensor:
-        past, caches = self._layer_caches(cache, x.shape[-2], cache_position)
+        past, caches = self._layer_caches(cache, cache_position)
         if positions is None and cache_position is not None:  # (the slots' positions)
             positions = cache_position
         angles = _stack_positions(self.rotary, positions, past, x)

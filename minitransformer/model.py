@@ -103,9 +103,8 @@ def _decoder_inputs(ids, positions, cache, attention_mask=None,
         return positions, (full_attention_mask if full_attention_mask is not None
                            else cache.slot_mask(cache_position, attention_mask)), False
     keys = cache.max_len if cache is not None and cache.static else None
-    if (T > 1 and attention_mask is None and full_attention_mask is None
-            and keys is None):
-        return positions, None, True
+    if attention_mask is None and full_attention_mask is None and keys is None:
+        return positions, None, T > 1  # the kernel's causal rule; one new token sees all
     return positions, decoder_mask(B, T, past, attention_mask, full_attention_mask,
                                    device, keys=keys), False
 
@@ -127,8 +126,7 @@ def _check_pad_id(pad_id: int, *vocab_sizes: int) -> None:
 
 def _ids(ids: torch.Tensor, name: str) -> tuple[int, int]:
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
-    check_tensor(ids, name)
-    if not is_integer_tensor(ids):
+    if not is_integer_tensor(ids, name):
         raise TypeError(f"{name} must be integer token ids (torch.long), got "
                         f"dtype {ids.dtype}")
     if ids.dim() != 2 or 0 in ids.shape:
@@ -146,11 +144,8 @@ def _check_length(T: int, max_len: int, past: int = 0,
 
 
 def _check_model_positions(positions, B: int, T: int) -> None:
-    "Raise unless `positions` is None or a tensor `(T,)` / `(B, T)`."
-    if positions is None:
-        return
-    check_tensor(positions, "positions")
-    if not is_integer_tensor(positions):
+    "Raise unless `positions` is a tensor `(T,)` / `(B, T)`."
+    if not is_integer_tensor(positions, "positions"):
         raise TypeError(f"positions must be an integer tensor, got dtype "
                         f"{positions.dtype}")
     n = positions.dim()  # (T,) or (B, T), size by size (under a compiler: symbols)
@@ -188,7 +183,8 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     keys = model.decoder.check_cache(cache, B, T, memory, cache_position)  # fit, room
     past = 0 if cache is None or cache_position is not None else len(cache)
     _check_length(T, c.max_len, past)
-    _check_model_positions(positions, B, T)
+    if positions is not None:
+        _check_model_positions(positions, B, T)
     _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read
     slots = cache_position is not None  # (its masks are used as they are; without
     if slots and attention_mask is not None and full_attention_mask is not None:

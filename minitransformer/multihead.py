@@ -89,7 +89,7 @@ class HeadProjection(nn.Module):
                     *context.keys_values())
         q, k, v = self.qkv(x, context)  # (B, T, C); (B, S, H_kv·D) twice
         heads = (*k.shape[:-1], self.n_kv_heads, self.head_dim)  # (B, S, H_kv, D)
-        q = _split_heads(q, self.n_heads)  # (B, H, T, D)
+        q = q.view(*q.shape[:-1], self.n_heads, self.head_dim).transpose(-3, -2)
         k, v = k.view(heads).transpose(-3, -2), v.view(heads).transpose(-3, -2)
         if self.rotary is not None:  # rotate q and k (before caching: the cache keeps
             if positions is None and cache_position is not None:  # rotated keys);
@@ -205,7 +205,7 @@ class MultiHeadAttention(HeadProjection):
         p = self.dropout if self.training else 0.0
         o = attend(q, k, v, mask, dropout_p=p,  # (B, H, T, D)
                     enable_gqa=self.n_kv_heads != self.n_heads, is_causal=is_causal)
-        return self.out(_merge_heads(o))  # (B, T, C)
+        return self.out(o.transpose(-3, -2).flatten(-2))  # (B, T, H·D) -> (B, T, C)
 
     def forward_with_weights(self, x, context=None, mask=None, positions=None,
                              cache=None, is_causal=False, cache_position=None):

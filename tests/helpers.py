@@ -3,6 +3,7 @@ models and tensors that tests of more than one module build.
 
 Every test takes the project root from `ROOT` here (never from its own file's place, which
 depends on how deep the file sits)."""
+import collections
 import json
 import os
 import re
@@ -150,13 +151,15 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def counted(fn) -> tuple[int, int]:
-    "(Python calls whose code lives in the package, host reads) of `fn()`."
-    calls = 0
+def counted(fn, by_name: bool = False) -> tuple[int, int]:
+    """(Python calls whose code lives in the package, host reads) of `fn()`; `by_name`:
+    the calls as a Counter of (module file, function name)."""
+    calls = collections.Counter()
 
     def profile(frame, event, arg):
-        nonlocal calls
-        calls += event == "call" and frame.f_code.co_filename.startswith(PACKAGE)
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith(PACKAGE):
+            calls[os.path.basename(code.co_filename), code.co_name] += 1
 
     with HostReads() as reads:
         sys.setprofile(profile)
@@ -164,7 +167,7 @@ def counted(fn) -> tuple[int, int]:
             fn()
         finally:
             sys.setprofile(None)
-    return calls, reads.n
+    return (calls if by_name else calls.total()), reads.n
 
 
 def smollm2_shaped_gpt(n_layers=6, vocab=256, **kw) -> GPT:

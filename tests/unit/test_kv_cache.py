@@ -223,15 +223,21 @@ def test_a_cache_for_other_kv_heads_is_refused():
 
 
 def test_a_failing_decoder_call_leaves_the_cache_length_as_it_was():
+    "The stack trusts its cache (the model checks the room): a write past the end raises."
     cfg = LayerConfig(d_model=16, n_heads=4, d_ff=40, norm_first=True)
     stack = Decoder(cfg, 2, cross_attention=False).eval()
     cache = DecoderCache.for_decoder(stack, 1, 4)
     with torch.no_grad():
         stack(torch.randn(1, 3, 16), mask=causal_mask(3), cache=cache)
         assert len(cache) == 3
-        with raises(ValueError,
-                    "KV cache overflow: 3 positions cached + 2 new > max_len 4"):
+        with pytest.raises(RuntimeError, match="exceeds dimension size"):  # torch's
             stack(torch.randn(1, 2, 16), mask=causal_mask(2, 5), cache=cache)
+    assert len(cache) == 3
+    model = small_gpt(max_len=4)
+    cache = model.make_cache(1)
+    model(torch.tensor([[1, 2, 3]]), cache=cache)
+    with raises(ValueError, "KV cache overflow: 3 positions cached + 2 new > max_len 4"):
+        model(torch.tensor([[1, 2]]), cache=cache)  # where the model's call begins
     assert len(cache) == 3
 
 

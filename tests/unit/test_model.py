@@ -64,15 +64,6 @@ def test_transformer_decode_with_and_without_the_flag():
     torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
 
 
-def test_start_call_checks_its_argument():
-    cache = small_gpt().make_cache(1, 4)
-    with pytest.raises(ValueError, match="overflow"):
-        cache.start_call(5)
-    with pytest.raises(ValueError, match="T"):
-        cache.start_call(-1)
-    assert cache.start_call(4) == 0
-
-
 def test_the_decode_step_traces_as_one_graph():
     "fullgraph=True raises at the first graph break: the static step has none."
     model, cache = small_gpt(**RECIPE), None

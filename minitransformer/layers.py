@@ -201,12 +201,13 @@ class DecoderLayer(_Sublayers):
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):
-    "The rotary angles that every layer of a stack shares (None without rotary)."
+    """The rotary angles that every layer of a stack shares (None without rotary),
+    rounded to x's dtype once for all of them."""
     if rotary is None:
         return None
     if positions is None:
         positions = default_positions(past, x.shape[-2], x.device)
-    return rotary.angles(positions)
+    return rotary.angles(positions, x.dtype)
 
 
 class Encoder(nn.Module):

@@ -104,7 +104,7 @@ def _decoder_inputs(ids, positions, cache, attention_mask=None,
                            else cache.slot_mask(cache_position, attention_mask)), False
     keys = cache.max_len if cache is not None and cache.static else None
     if attention_mask is None and full_attention_mask is None and keys is None:
-        return positions, None, T > 1  # the kernel's causal rule; one new token sees all
+        return positions, None, T > 1  # the kernel's causal rule; one token: all
     return positions, decoder_mask(B, T, past, attention_mask, full_attention_mask,
                                    device, keys=keys), False
 

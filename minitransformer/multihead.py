@@ -98,7 +98,7 @@ class HeadProjection(nn.Module):
                 past = 0 if cache is None else len(cache)
                 positions = default_positions(past, q.shape[-2], q.device)
             angles = (positions if type(positions) is tuple  # (a stack's, shared)
-                      else self.rotary.angles(positions))
+                      else self.rotary.angles(positions, q.dtype))
             q, k = self.rotary.rotate(q, angles), self.rotary.rotate(k, angles)
         if cache is not None:
             k, v = cache.update(k, v, cache_position)  # (B, H_kv, past+T or max_len, D)

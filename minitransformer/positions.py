@@ -118,24 +118,25 @@ class RotaryEmbedding(nn.Module):
         self.head_dim, self.max_len = head_dim, max_len
         self.base, self.interleaved = base, interleaved
 
-    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every pair's angle m·θ_i, under both numbers of the pair:
-        two tables `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)`."""
-        dtype = _angle_dtype(positions.device)
-        i2 = torch.arange(0, self.head_dim, 2, dtype=dtype, device=positions.device)
+        two tables `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)`, computed
+        in float64, rounded to float32, then to `dtype` (that of the queries: as HF)."""
+        exact = _angle_dtype(positions.device)  # float64 (where there is one)
+        i2 = torch.arange(0, self.head_dim, 2, dtype=exact, device=positions.device)
         theta = self.base ** (-i2 / self.head_dim)  # (D/2,): 2i = 0, 2, ..., D-2
-        angles = positions.to(dtype)[..., None] * theta  # (..., T, D/2)
+        angles = positions.to(exact)[..., None] * theta  # (..., T, D/2)
         pair = -1 if self.interleaved else -2  # neighbours, or the two halves
         angles = torch.stack([angles, angles], pair).flatten(-2)  # (..., T, D)
-        return angles.cos().float(), angles.sin().float()
+        return angles.cos().float().to(dtype), angles.sin().float().to(dtype)
 
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         "`x` `(..., T, D)` rotated by `angles`: `x·cos + turn(x)·sin`."
-        cos, sin = angles  # each (T, D) or (B, T, D)
+        cos, sin = angles  # each (T, D) or (B, T, D), in x's dtype (`angles`)
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # rounded as x's weights (as HF)
         xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bfloat16: in float32
         # every pair (a, b) turned a quarter turn, to (-b, a):
         if self.interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
@@ -149,7 +150,7 @@ class RotaryEmbedding(nn.Module):
                 x: torch.Tensor,  # (..., T, D) queries or keys, e.g. (B, H, T, D)
                 positions: torch.Tensor,  # (T,) or (B, T): the position of each vector
                 ) -> torch.Tensor:  # x rotated, same shape and dtype (T = 0: empty)
-        return self.rotate(x, self.angles(positions))
+        return self.rotate(x, self.angles(positions, x.dtype))
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, "

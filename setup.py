@@ -41,5 +41,6 @@ setup(
     include_package_data=True,
     install_requires=c["requirements"].split(),
     extras_require=extras,
+    entry_points={"console_scripts": c.get("console_scripts", "").split()},
     zip_safe=False,
 )

@@ -127,9 +127,10 @@ def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
 
 
 def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, top_p,
-                    stop_token, generator, use_cache, compile) -> tuple:
+                    stop_token, generator, use_cache, compile, callback=None) -> tuple:
     """Check `generate`'s arguments; return the prompts and sources as rows of ids,
-    `max_new_tokens` as an int and the torch.compile backend (None: run eagerly)."""
+    `max_new_tokens` as an int, the torch.compile backend (None: run eagerly) and
+    the stop ids as a frozenset."""
     if not isinstance(model, (GPT, Transformer)):
         raise TypeError(f"model must be a GPT or a Transformer, got "
                         f"{type(model).__name__}")
@@ -139,8 +140,9 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
     if backend is not None and not use_cache:
         raise ValueError("compile=... compiles the cached one-token step; it needs "
                          "use_cache=True")
-    if stop_token is not None:
-        check_int(stop_token, "stop_token")
+    stops = _stop_ids(stop_token)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {type(callback).__name__}")
     encdec = isinstance(model, Transformer)
     if encdec != (source is not None):
         raise ValueError("an encoder–decoder model needs `source`; a decoder-only "
@@ -158,7 +160,16 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
         src_rows = _as_rows(source, "source", c.src_vocab_size)
         if len(src_rows) != len(rows):
             raise ValueError(f"{len(rows)} prompts but {len(src_rows)} sources")
-    return rows, src_rows, max_new_tokens, backend
+    return rows, src_rows, max_new_tokens, backend, stops
+
+
+def _stop_ids(stop_token) -> frozenset:
+    "`stop_token` (None, an id, or a collection of ids) as a frozenset of ints."
+    if stop_token is None:
+        return frozenset()
+    if isinstance(stop_token, (set, frozenset, list, tuple)):
+        return frozenset(check_int(s, "stop_token") for s in stop_token)
+    return frozenset((check_int(stop_token, "stop_token"),))
 
 
 def _check_bandwidth_args(n_bytes, repeats) -> tuple[int, int]:
@@ -201,10 +212,13 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
              temperature: float = 0.0,  # 0 = greedy
              top_k: int | None = None,
              top_p: float | None = None,
-             stop_token: int | None = None,  # a row stops after this id (not returned)
+             stop_token=None,  # an id, or a set of ids: a row stops after one (not
+             # returned)
              generator: torch.Generator | None = None,  # seeds sampling
              use_cache: bool = True,  # False: recompute everything at every step
              compile: bool | str = False,  # torch.compile the step (or: a backend)
+             callback=None,  # after each step: callback(the B new ids; None for a
+             # row that has stopped), as they come (for streaming)
              ) -> list[list[int]]:  # the new tokens of each row
     """Continue each prompt token by token. Prompts of different lengths are padded
     on the left, with positions counted from each row's first real token and the
@@ -213,9 +227,9 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     one graph a step (greedy: the choice of the token included), over a static cache
     written at a slot held on the device and sized in powers of two (or `max_len`), so
     that calls of other lengths reuse the compiled code."""
-    rows, src_rows, max_new_tokens, backend = _check_generate(
+    rows, src_rows, max_new_tokens, backend, stops = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
-        generator, use_cache, compile)
+        generator, use_cache, compile, callback)
     encdec, pad = isinstance(model, Transformer), model.config.pad_id
     B, P, device = len(rows), max(map(len, rows)), next(model.parameters()).device
     total = P + max_new_tokens  # the last new token is never fed back
@@ -257,16 +271,20 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         nxt = (logits if one and static and greedy  # (B,): the step chose them
                else _sample(logits, *sampling))  # -1 where the logits are not finite
         ids[:, t], real[:, t] = nxt.clamp(min=0), True
-        if stop_token is None:  # read once, at the end
+        if not stops and callback is None:  # read once, at the end
             drawn.append(nxt)
             continue
         tokens = nxt.tolist()  # whether each row has stopped: the step's one read
         if min(tokens) < 0:
             _raise_not_finite()
+        new = [None] * B  # what each row adds (None: it has stopped)
         for b, token in enumerate(tokens):
-            done[b] = done[b] or token == stop_token
+            done[b] = done[b] or token in stops
             if not done[b]:
                 out[b].append(token)
+                new[b] = token
+        if callback is not None and not all(done):
+            callback(new)
         if all(done):
             break
     if drawn:

@@ -189,7 +189,8 @@ def _check_gguf_vocab(meta: dict) -> tuple[list, list]:
 
 
 def _special_token(meta: dict, tokens: list, k: str) -> str | None:
-    "The text of the special token `k` (bos, eos, padding), from its id; None if unset."
+    """The text of the special token `k` (bos, eos, padding, eot, eom), from its id;
+    None if unset."""
     key = f"tokenizer.ggml.{k}_token_id"
     if key not in meta:
         return None
@@ -219,9 +220,11 @@ def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t in control])
     bos, eos, pad = (_special_token(meta, tokens, k) for k in ("bos", "eos", "padding"))
-    return PretrainedTokenizer(backend, bos, eos, pad,
+    ends = (_special_token(meta, tokens, k) for k in ("eot", "eom"))  # end of turn,
+    return PretrainedTokenizer(backend, bos, eos, pad,  # of message (if the file says)
                                meta.get("tokenizer.chat_template"),
-                               bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+                               bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                               end=tuple(t for t in ends if t is not None))
 
 # %% ../nbs/16_gguf.ipynb #cc7293cc
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from .checkpoints import (check_layer_count, expected_layout,
                                          model_from_state, name_in_errors,
                                          parse_json_object)
 from .checks import (
-    check_flag, check_float_dtype, check_module, check_positive_int)
+    check_flag, check_float_dtype, check_int, check_module, check_positive_int)
 from .embeddings import pad_ids
+from .generation import generate
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
 
 # %% auto #0
@@ -329,6 +330,30 @@ def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
+def _check_talker(loaded, max_new_tokens, stream) -> None:
+    "Raise unless `loaded` holds a `GPT` and its tokenizer, and the arguments fit."
+    if not isinstance(loaded.model, GPT) or loaded.tokenizer is None:
+        raise ValueError(f"{loaded.source} is not a language model with a tokenizer "
+                         f"({type(loaded.model).__name__}): it cannot write text")
+    check_int(max_new_tokens, "max_new_tokens", minimum=0)
+    if stream is not None and not callable(stream):
+        raise TypeError(f"stream must be callable, got {type(stream).__name__}")
+
+
+def _generation_ends(file: Path, backend) -> tuple[str, ...]:
+    """The tokens of generation_config.json's `eos_token_id` (an id or a list of ids):
+    where the model's generation ends; none without the file."""
+    if not file.is_file():
+        return ()
+    ids = parse_json_object(file.read_bytes(), str(file)).get("eos_token_id", [])
+    ids = [ids] if isinstance(ids, int) else ids
+    tokens = [backend.id_to_token(i) if type(i) is int else None for i in ids]
+    if not isinstance(ids, list) or None in tokens:
+        raise ValueError(f"{file}: eos_token_id must be token ids of the vocabulary, "
+                         f"got {ids!r:.60}")
+    return tuple(tokens)
+
+
 def _check_specials(backend, tokens: dict, chat_template) -> None:
     "Each special token a string of the vocabulary; the chat template a string."
     for name, tok in tokens.items():
@@ -392,12 +417,15 @@ class PretrainedTokenizer:
 
     def __init__(self, backend, bos: str | None = None, eos: str | None = None,
                  pad: str | None = None, chat_template: str | None = None,
-                 add_bos: bool = False):
+                 add_bos: bool = False,
+                 end: tuple[str, ...] = ()):  # tokens besides eos that end a turn
         self.backend, self.chat_template, self.add_bos = backend, chat_template, add_bos
         backend.no_padding()  # `encode_batch` pads a batch to its longest text
         backend.no_truncation()  # a text too long for the model is refused by it
-        self.bos, self.eos, self.pad = bos, eos, pad
+        self.bos, self.eos, self.pad, self.end = bos, eos, pad, tuple(end)
         _check_specials(backend, {"bos": bos, "eos": eos, "pad": pad}, chat_template)
+        for token in self.end:
+            _check_specials(backend, {"end": token}, None)
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -406,6 +434,9 @@ class PretrainedTokenizer:
     eos_id = property(lambda self: self._id(self.eos))
     pad_id = property(lambda self: self._id(self.pad))
     vocab_size = property(lambda self: self.backend.get_vocab_size())
+
+    end_ids = property(lambda self: frozenset(  # the ids that end the model's turn
+        self._id(t) for t in (self.eos, *self.end) if t is not None))
 
     @classmethod
     def from_folder(cls, folder) -> PretrainedTokenizer:
@@ -418,9 +449,10 @@ class PretrainedTokenizer:
         template = folder / "chat_template.jinja"  # the template in a file of its own
         chat = (_read_template(template) if template.is_file()
                 else cfg.get("chat_template"))
+        end = _generation_ends(folder / "generation_config.json", backend)
         with name_in_errors(extra):
             return cls(backend, *(_token_text(cfg.get(f"{k}_token")) for k in
-                                  ("bos", "eos", "pad")), chat)
+                                  ("bos", "eos", "pad")), chat, end=end)
 
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
         """Token ids of `text`: with `special_tokens`, the model's own additions ([CLS]
@@ -460,11 +492,58 @@ class PretrainedTokenizer:
 # %% ../nbs/15_pretrained.ipynb #2d3b8e2f
 @dataclass
 class Pretrained:
-    "A loaded model with what came with it."
+    """A loaded model with what came with it. A `GPT` with a tokenizer writes text up
+    to the end of its turn (`tokenizer.end_ids`): `chat`, `complete`. Keywords:
+    `max_new_tokens` (fewer where max_len ends), `temperature` (0: greedy), `top_k`,
+    `top_p`, `seed`, `stream` (given each new piece of text), `compile`."""
     model: nn.Module  # our GPT or TextEncoder, in eval mode
     tokenizer: PretrainedTokenizer | None  # None if the source has no tokenizer
     unused: dict[str, str]  # source tensors not needed by our model -> why
     source: str  # where the weights came from
+
+    def chat(self, messages: list[dict], **kw) -> str:
+        "The assistant's reply to `messages` (role and content dicts), by the template."
+        return self._reply(messages, chat=True, **kw)
+
+    def complete(self, text: str, **kw) -> str:
+        "The text the model writes after `text`."
+        return self._reply(text, **kw)
+
+    def _reply(self, said, chat: bool = False, *, max_new_tokens: int = 256,
+               temperature: float = 0.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None, stream=None,
+               compile: bool | str = False) -> str:
+        _check_talker(self, max_new_tokens, stream)
+        text = self.tokenizer.apply_chat_template(said) if chat else said
+        prompt = self.tokenizer.encode(text)
+        room = self.model.config.max_len + 1 - len(prompt)  # (the last is not fed)
+        generator = None if seed is None else torch.Generator(
+            next(self.model.parameters()).device).manual_seed(seed)
+        pieces = _TextPieces(self.tokenizer.decode, stream)
+        ids = generate(self.model, [prompt], max(0, min(max_new_tokens, room)),
+                       temperature=temperature, top_k=top_k, top_p=top_p,
+                       stop_token=self.tokenizer.end_ids, generator=generator,
+                       compile=compile, callback=pieces.add if stream else None)[0]
+        pieces.ids = ids
+        pieces.add([], last=True)  # the rest (or, without `stream`, all) of the text
+        return pieces.text
+
+
+class _TextPieces:
+    """`generate`'s callback for one row: each piece is what the newest id adds to
+    the decoded text, held back while the text ends inside a character (its UTF-8
+    bytes split across ids); the pieces join to `text`."""
+
+    def __init__(self, decode, stream=None):
+        self.decode, self.stream, self.ids, self.text = decode, stream, [], ""
+
+    def add(self, new: list, last: bool = False) -> None:
+        self.ids = self.ids + [t for t in new if t is not None]
+        text = self.decode(self.ids)
+        if text.startswith(self.text) and (last or not text.endswith("\ufffd")):
+            if text != self.text and self.stream is not None:
+                self.stream(text[len(self.text):])
+            self.text = text
 
 
 def load_folder(folder, dtype: torch.dtype = torch.float32,

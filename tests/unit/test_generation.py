@@ -238,6 +238,28 @@ def test_encoder_decoder_tokens_same_with_without_cache_batched_or_alone():
 
 
 @pytest.mark.gpu
+def test_a_set_of_stop_ids_and_a_callback_that_streams_the_new_tokens():
+    "A row stops at the first of its stop ids; the callback sees each step's new ids, in order."
+    model = small_gpt()
+    prompts = [[5, 6], [7, 8, 9]]
+    greedy = generate(model, prompts, 12)
+    first = greedy[0][4]  # row 0 stops before its 5th token; row 1 at the first of the set
+    stops = {first, greedy[1][2]}
+    seen = []
+    got = generate(model, prompts, 12, stop_token=stops, callback=seen.append)
+    cut = [next((i for i, t in enumerate(row) if t in stops), len(row)) for row in greedy]
+    assert got == [row[:c] for row, c in zip(greedy, cut)]
+    assert [[s[b] for s in seen if s[b] is not None] for b in range(2)] == got  # in order
+    assert all(len(s) == 2 and any(t is not None for t in s) for s in seen)
+    streamed = []
+    alone = generate(model, [[5, 6]], 6, callback=lambda new: streamed.append(new[0]))
+    assert streamed == alone[0] == greedy[0][:6]  # without stop ids, every token
+    with pytest.raises(TypeError, match="callback must be callable"):
+        generate(model, [[5, 6]], 3, callback="print")
+    with pytest.raises(ValueError, match="stop_token must be an int"):
+        generate(model, [[5, 6]], 3, stop_token={1, "2"})
+
+
 def test_sampling_is_reproducible_and_stops():
     model = device_gpt(1)
     a = generate(model, [[5, 6], [7]], 20, temperature=1.0, top_k=10, generator=torch.Generator(DEVICE).manual_seed(3))

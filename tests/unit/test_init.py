@@ -1,4 +1,5 @@
-"""The front door without a real model file: `load` reads a package checkpoint (dtype, device,
+"""The package's top level (its front door) without a real model file: `mt.__all__` is the
+committed list, and importing it loads no optional library; `load` reads a package checkpoint (dtype, device,
 eval mode) and refuses bad arguments before reading anything; `main` ends with status 2 and one
 line on stderr naming a source it cannot use (`--debug`: the traceback)."""
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 
 from minitransformer.checkpoints import save_checkpoint
-from minitransformer.front import load, main
+import minitransformer as mt
+from minitransformer import load, main
 
 from helpers import tiny
 
@@ -55,3 +57,19 @@ def test_main_names_a_source_it_cannot_use_in_one_line(checkpoint, tmp_path, cap
     with pytest.raises(SystemExit) as e:  # argparse: a usage error
         main(["talk", str(path)])
     assert e.value.code == 2
+
+
+TOP_LEVEL = ["load", "main", "GPT", "GPTConfig", "Transformer", "TransformerConfig", "TextEncoder",
+             "TextEncoderConfig", "Pretrained", "generate", "train", "add_lora", "save_adapter",
+             "load_adapter", "quantise", "save_checkpoint", "load_checkpoint"]
+
+
+def test_the_top_level_is_the_committed_list_and_imports_no_optional_library():
+    import subprocess
+    import sys
+    assert mt.__all__ == TOP_LEVEL
+    assert all(getattr(mt, name) is not None for name in mt.__all__)
+    probe = ("import sys, minitransformer; print([m for m in ('tokenizers', 'jinja2', 'gguf', "
+             "'huggingface_hub', 'matplotlib', 'transformers', 'ipywidgets') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -6,7 +6,7 @@ __all__ = ['load', 'main', 'GPT', 'GPTConfig', 'Transformer', 'TransformerConfig
            'Pretrained', 'generate', 'train', 'add_lora', 'save_adapter', 'load_adapter', 'quantise', 'save_checkpoint',
            'load_checkpoint']
 
-# %% ../nbs/95_front.ipynb #658986eb
+# %% ../nbs/95_front.ipynb #f375167a
 import argparse
 import sys
 from pathlib import Path
@@ -17,7 +17,7 @@ from .checks import check_float_dtype
 from .model import GPT
 from .pretrained import Pretrained
 
-# %% ../nbs/95_front.ipynb #7642c93b
+# %% ../nbs/95_front.ipynb #ee81e2f4
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
          dtype: torch.dtype = torch.float32,  # of the weights (with blocks: the scales)
@@ -43,7 +43,7 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
         loaded.model.to(device)
     return loaded
 
-# %% ../nbs/95_front.ipynb #8484e768
+# %% ../nbs/95_front.ipynb #8415f8c8
 def _check_load_args(source, dtype, keep_blocks) -> Path:
     "`source` as a path, if the arguments are valid (the loaders check the file)."
     if not isinstance(source, (str, Path)):
@@ -58,7 +58,7 @@ def _check_load_args(source, dtype, keep_blocks) -> Path:
                          "not a .gguf file")
     return path
 
-# %% ../nbs/95_front.ipynb #488dddeb
+# %% ../nbs/95_front.ipynb #096cb82a
 def main(argv: list[str] | None = None) -> int:  # the exit status
     "The command line: `minitransformer chat SOURCE` or `generate SOURCE PROMPT`."
     args = _parser().parse_args(argv)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
 def _show(piece: str) -> None:
     print(piece, end="", flush=True)
 
-# %% ../nbs/95_front.ipynb #87a48021
+# %% ../nbs/95_front.ipynb #ce1b3e7d
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minitransformer", description="Talk to a language model: a .gguf "
@@ -124,7 +124,7 @@ def _check_can_write(loaded: Pretrained, chat: bool) -> None:
     if chat and loaded.tokenizer.chat_template is None:
         raise ValueError("it has no chat template: use `generate` instead of `chat`")
 
-# %% ../nbs/95_front.ipynb #4e9fac41
+# %% ../nbs/95_front.ipynb #4dcae769
 def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
@@ -156,7 +156,7 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
         print()
         messages = asked + [{"role": "assistant", "content": "".join(pieces)}]
 
-# %% ../nbs/95_front.ipynb #79e55942
+# %% ../nbs/95_front.ipynb #550a8e1a
 def _read_line(tty: bool) -> str:
     "The next message: typed after a prompt in a terminal, else the input's next line."
     if tty:
@@ -182,7 +182,7 @@ def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
               file=sys.stderr)
     return messages
 
-# %% ../nbs/95_front.ipynb #1ea626c5
+# %% ../nbs/95_front.ipynb #5f60bcfb
 from .checkpoints import load_checkpoint, save_checkpoint
 from .generation import generate
 from .lora import add_lora, load_adapter, save_adapter

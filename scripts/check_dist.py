@@ -173,11 +173,16 @@ def install_and_import(artifact: Path, work: Path, constraints: Path, cfg: dict)
     probe = run([py, "-I", "-c", PROBE], f"importing and running the package installed from {artifact.name}",
                 env=env, cwd=work)
     got = json.loads(probe.stdout.strip().splitlines()[-1])
+    cli = run([venv / "bin" / "minitransformer", "--help"], f"the command minitransformer from {artifact.name}",
+              env=env, cwd=work)
+    if "chat" not in cli.stdout or "generate" not in cli.stdout:
+        fail(f"{artifact.name}: `minitransformer --help` does not list chat and generate: {cli.stdout!r}")
     if got["version"] != cfg["version"]:
         fail(f"{artifact.name}: minitransformer.__version__ is {got['version']}, settings.ini says {cfg['version']}")
     deps = " ".join(f"{k}=={v}" for k, v in got["installed"].items() if k != cfg["lib_name"])
     say(f"{artifact.name}: installed in {t_install:.0f} s (venv + pip), Python {got['python']}; "
-        f"{len(got['modules'])} modules import, __version__ {got['version']}, GPT forward + generate ok "
+        f"{len(got['modules'])} modules import, __version__ {got['version']}, GPT forward + generate ok, "
+        f"the command minitransformer runs "
         f"({time.perf_counter() - t0:.0f} s)")
     say(f"  environment: {deps}")
     return t_install

@@ -10,8 +10,7 @@ if not cfg.read(Path(__file__).parent / "settings.ini", encoding="utf-8"):
     raise SystemExit("setup.py needs settings.ini next to it (the sdist carries it through MANIFEST.in)")
 c = cfg["DEFAULT"]
 
-licenses = {"apache2": ("Apache Software License 2.0", "OSI Approved :: Apache Software License")}
-lic = licenses[c["license"]]
+licenses = {"apache2": "Apache-2.0"}  # settings.ini's name -> the SPDX expression (PEP 639)
 statuses = ["1 - Planning", "2 - Pre-Alpha", "3 - Alpha", "4 - Beta", "5 - Production/Stable"]
 extras = {key[: -len("_requirements")]: c[key].split()
           for key in c if key.endswith("_requirements") and c[key].strip()}
@@ -25,13 +24,15 @@ setup(
     author=c["author"],
     author_email=c["author_email"],
     url=c["git_url"],
-    license=lic[0],
+    project_urls={"Documentation": c["doc_host"] + c["doc_baseurl"], "Source": c["git_url"],
+                  "Changelog": c["git_url"] + "/blob/main/CHANGELOG.md",
+                  "Issues": c["git_url"] + "/issues"},
+    license_expression=licenses[c["license"]],
     license_files=["LICENSE"],  # into the wheel's .dist-info and the sdist (MANIFEST.in too)
     keywords=c["keywords"].split(),
     classifiers=[
         "Development Status :: " + statuses[int(c["status"]) - 1],
         "Intended Audience :: " + c["audience"].title(),
-        "License :: " + lic[1],
         "Natural Language :: " + c["language"].title(),
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
@@ -39,6 +40,7 @@ setup(
     python_requires=">=" + c["min_python"],
     packages=find_packages(include=[c["lib_name"], c["lib_name"] + ".*"]),
     include_package_data=True,
+    package_data={c["lib_name"]: ["py.typed"]},  # PEP 561: the package's annotations are for checkers
     install_requires=c["requirements"].split(),
     extras_require=extras,
     entry_points={"console_scripts": c.get("console_scripts", "").split()},

@@ -140,6 +140,14 @@ def check_contents(wheel: Path, sdist: Path, cfg: dict) -> None:
     missing = [m for m in modules if f"{name}/{m}" not in names]
     if missing:
         fail(f"{wheel.name} lacks the modules {missing}")
+    if f"{name}/py.typed" not in names:
+        fail(f"{wheel.name} lacks {name}/py.typed (setup.py's package_data)")
+    for line in ("License-Expression: Apache-2.0", "Project-URL: Documentation, ",
+                 "Project-URL: Source, "):
+        if f"\n{line}" not in meta:
+            fail(f"{wheel.name}'s METADATA lacks {line!r}")
+    if "Classifier: License ::" in meta:
+        fail(f"{wheel.name}'s METADATA has a licence classifier beside its License-Expression")
 
     with tarfile.open(sdist) as t:
         members = {m.name for m in t.getmembers()}
@@ -147,9 +155,9 @@ def check_contents(wheel: Path, sdist: Path, cfg: dict) -> None:
     lacking = [f for f in SDIST_MUST_HAVE if prefix + f not in members]
     if lacking:
         fail(f"{sdist.name} lacks {lacking} (MANIFEST.in); setup.py cannot run without settings.ini")
-    missing = [m for m in modules if f"{prefix}{name}/{m}" not in members]
+    missing = [m for m in modules + ["py.typed"] if f"{prefix}{name}/{m}" not in members]
     if missing:
-        fail(f"{sdist.name} lacks the modules {missing}")
+        fail(f"{sdist.name} lacks the package's files {missing}")
     book = sorted(n for n in names + sorted(members) if "/nbs/" in f"/{n}" or n.endswith(
         (".safetensors", ".ipynb", ".jsonl")))  # the book's files stay in the repository
     if book:

@@ -6,18 +6,25 @@ __all__ = ['load', 'main', 'GPT', 'GPTConfig', 'Transformer', 'TransformerConfig
            'Pretrained', 'generate', 'train', 'add_lora', 'save_adapter', 'load_adapter', 'quantise', 'save_checkpoint',
            'load_checkpoint']
 
-# %% ../nbs/95_front.ipynb #f375167a
+# %% ../nbs/95_front.ipynb #867b162c
 import argparse
 import sys
 from pathlib import Path
 
 import torch
 
+from .checkpoints import load_checkpoint, save_checkpoint
 from .checks import check_float_dtype
-from .model import GPT
+from .generation import generate
+from .gguf import load_pretrained
+from .lora import add_lora, load_adapter, save_adapter
+from .model import (
+    GPT, GPTConfig, TextEncoder, TextEncoderConfig, Transformer, TransformerConfig)
 from .pretrained import Pretrained
+from .quantised import load_gguf_blocks, quantise
+from .training import train
 
-# %% ../nbs/95_front.ipynb #ee81e2f4
+# %% ../nbs/95_front.ipynb #55300675
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
          dtype: torch.dtype = torch.float32,  # of the weights (with blocks: the scales)
@@ -29,21 +36,18 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
     package reads, in eval mode; checked from the file's header before anything is
     built."""
     path = _check_load_args(source, dtype, keep_blocks)
-    if keep_blocks:  # (imported when needed: each loader's libraries load lazily)
-        from minitransformer.quantised import load_gguf_blocks
+    if keep_blocks:
         loaded = load_gguf_blocks(path, dtype, max_len)
     elif path.suffix == ".safetensors":
-        from minitransformer.checkpoints import load_checkpoint
         model = load_checkpoint(path, dtype=dtype)
         loaded = Pretrained(model.eval(), None, {}, str(path))
     else:
-        from minitransformer.gguf import load_pretrained
-        loaded = load_pretrained(source, dtype, max_len)
+        loaded = load_pretrained(source, dtype, max_len)  # a .gguf file, a folder, an id
     if device is not None:
         loaded.model.to(device)
     return loaded
 
-# %% ../nbs/95_front.ipynb #8415f8c8
+# %% ../nbs/95_front.ipynb #9e4507c5
 def _check_load_args(source, dtype, keep_blocks) -> Path:
     "`source` as a path, if the arguments are valid (the loaders check the file)."
     if not isinstance(source, (str, Path)):
@@ -58,7 +62,7 @@ def _check_load_args(source, dtype, keep_blocks) -> Path:
                          "not a .gguf file")
     return path
 
-# %% ../nbs/95_front.ipynb #096cb82a
+# %% ../nbs/95_front.ipynb #7faa45ac
 def main(argv: list[str] | None = None) -> int:  # the exit status
     "The command line: `minitransformer chat SOURCE` or `generate SOURCE PROMPT`."
     args = _parser().parse_args(argv)
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
 def _show(piece: str) -> None:
     print(piece, end="", flush=True)
 
-# %% ../nbs/95_front.ipynb #ce1b3e7d
+# %% ../nbs/95_front.ipynb #d4098a7a
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minitransformer", description="Talk to a language model: a .gguf "
@@ -124,7 +128,7 @@ def _check_can_write(loaded: Pretrained, chat: bool) -> None:
     if chat and loaded.tokenizer.chat_template is None:
         raise ValueError("it has no chat template: use `generate` instead of `chat`")
 
-# %% ../nbs/95_front.ipynb #4dcae769
+# %% ../nbs/95_front.ipynb #505c8ea1
 def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
@@ -156,7 +160,7 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
         print()
         messages = asked + [{"role": "assistant", "content": "".join(pieces)}]
 
-# %% ../nbs/95_front.ipynb #550a8e1a
+# %% ../nbs/95_front.ipynb #d42a829b
 def _read_line(tty: bool) -> str:
     "The next message: typed after a prompt in a terminal, else the input's next line."
     if tty:
@@ -182,15 +186,7 @@ def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
               file=sys.stderr)
     return messages
 
-# %% ../nbs/95_front.ipynb #5f60bcfb
-from .checkpoints import load_checkpoint, save_checkpoint
-from .generation import generate
-from .lora import add_lora, load_adapter, save_adapter
-from .model import (
-    GPT, GPTConfig, TextEncoder, TextEncoderConfig, Transformer, TransformerConfig)
-from .quantised import quantise
-from .training import train
-
+# %% ../nbs/95_front.ipynb #9fa3d29a
 _all_ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "TextEncoder",
          "TextEncoderConfig", "Pretrained", "generate", "train", "add_lora",
          "save_adapter", "load_adapter", "quantise", "save_checkpoint",

@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import (
-    attend, attention_with_weights, scaled_dot_product_attention)
+from .attention import attend, attention_with_weights
 from .checks import (
     check_dropout, check_int, check_positive_int, check_tensor, shape_str)
 from .qkv import QKVProjection

@@ -6,7 +6,7 @@ __all__ = ['load', 'main', 'GPT', 'GPTConfig', 'Transformer', 'TransformerConfig
            'Pretrained', 'generate', 'train', 'add_lora', 'save_adapter', 'load_adapter', 'quantise', 'save_checkpoint',
            'load_checkpoint']
 
-# %% ../nbs/95_front.ipynb #867b162c
+# %% ../nbs/95_front.ipynb #1c2d3907
 import argparse
 import sys
 from pathlib import Path
@@ -24,7 +24,7 @@ from .pretrained import Pretrained
 from .quantised import load_gguf_blocks, quantise
 from .training import train
 
-# %% ../nbs/95_front.ipynb #55300675
+# %% ../nbs/95_front.ipynb #2979d3e1
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
          dtype: torch.dtype = torch.float32,  # of the weights (with blocks: the scales)
@@ -47,7 +47,7 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
         loaded.model.to(device)
     return loaded
 
-# %% ../nbs/95_front.ipynb #9e4507c5
+# %% ../nbs/95_front.ipynb #59b35e25
 def _check_load_args(source, dtype, keep_blocks) -> Path:
     "`source` as a path, if the arguments are valid (the loaders check the file)."
     if not isinstance(source, (str, Path)):
@@ -62,7 +62,7 @@ def _check_load_args(source, dtype, keep_blocks) -> Path:
                          "not a .gguf file")
     return path
 
-# %% ../nbs/95_front.ipynb #7faa45ac
+# %% ../nbs/95_front.ipynb #c289a846
 def main(argv: list[str] | None = None) -> int:  # the exit status
     "The command line: `minitransformer chat SOURCE` or `generate SOURCE PROMPT`."
     args = _parser().parse_args(argv)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
 def _show(piece: str) -> None:
     print(piece, end="", flush=True)
 
-# %% ../nbs/95_front.ipynb #d4098a7a
+# %% ../nbs/95_front.ipynb #7675451a
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minitransformer", description="Talk to a language model: a .gguf "
@@ -123,12 +123,12 @@ def _parser() -> argparse.ArgumentParser:
 def _check_can_write(loaded: Pretrained, chat: bool) -> None:
     "Raise unless `loaded` is a language model with a tokenizer (to chat: a template)."
     if not isinstance(loaded.model, GPT) or loaded.tokenizer is None:
-        raise ValueError(f"a {type(loaded.model).__name__} without a tokenizer cannot "
-                         "write text")
+        raise ValueError(f"it holds a {type(loaded.model).__name__}, not a language "
+                         "model with a tokenizer: it cannot write text")
     if chat and loaded.tokenizer.chat_template is None:
         raise ValueError("it has no chat template: use `generate` instead of `chat`")
 
-# %% ../nbs/95_front.ipynb #505c8ea1
+# %% ../nbs/95_front.ipynb #4cc13da1
 def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
@@ -160,7 +160,7 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
         print()
         messages = asked + [{"role": "assistant", "content": "".join(pieces)}]
 
-# %% ../nbs/95_front.ipynb #d42a829b
+# %% ../nbs/95_front.ipynb #a263194d
 def _read_line(tty: bool) -> str:
     "The next message: typed after a prompt in a terminal, else the input's next line."
     if tty:
@@ -186,7 +186,7 @@ def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
               file=sys.stderr)
     return messages
 
-# %% ../nbs/95_front.ipynb #9fa3d29a
+# %% ../nbs/95_front.ipynb #f06f61eb
 _all_ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "TextEncoder",
          "TextEncoderConfig", "Pretrained", "generate", "train", "add_lora",
          "save_adapter", "load_adapter", "quantise", "save_checkpoint",

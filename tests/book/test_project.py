@@ -243,3 +243,18 @@ def test_tests_live_in_the_three_suites_and_name_no_issue():
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"\bissue [0-9]+", line, re.I)]
     assert not cited, f"say what a test protects, not which issue asked for it: {cited}"
+
+
+def test_the_readme_reads_in_two_minutes():
+    """What a newcomer reads first, the README above "Using the package", is at most 700 words,
+    and each cell of its results table at most 20 (a row's details live on the book's results page)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    top = readme[: readme.index("## Using the package")]
+    words = [t for t in top.split() if re.search(r"[A-Za-z0-9]", t)]
+    assert len(words) <= 700, f"{len(words)} words above 'Using the package'"
+    table = top[top.index("## Measured results"):]
+    cells = [c.strip() for line in table.splitlines() if line.startswith("|")
+             for c in re.split(r"(?<!\\)\|", line.strip("|"))]
+    long = [c for c in cells if len(c.split()) > 20]
+    assert not long, long
+    assert "nbs/results.html" in table and (ROOT / "nbs" / "results.md").is_file()

@@ -575,23 +575,22 @@ def load_folder(folder, dtype: torch.dtype = torch.float32,
 # %% ../nbs/15_pretrained.ipynb #e2fbd355
 def _safetensors(folder: Path):
     """(tensor getter, {name: shape}) of a folder's safetensors, one file or shards:
-    the shapes from the files' headers, no tensor read."""
+    the shapes from the files' headers, no tensor read; each file opened once."""
     from safetensors import safe_open
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{folder} holds no *.safetensors file (weights saved "
                                 f"as pytorch_model.bin are not read: re-save them)")
-    where, shapes = {}, {}
+    where, shapes = {}, {}  # name -> its file, open (closed once the getter is gone)
     for f in files:
         try:
-            with safe_open(f, "pt") as h:
-                for k in h.keys():
-                    where[k], shapes[k] = f, tuple(h.get_slice(k).get_shape())
+            h = safe_open(f, "pt")  # its header now, its tensors when the model asks
+            for k in h.keys():
+                where[k], shapes[k] = h, tuple(h.get_slice(k).get_shape())
         except Exception as e:  # truncated, not safetensors: the library's message
             raise ValueError(f"{f} is not a readable safetensors file: {e}") from None
     def tensor(key: str) -> torch.Tensor:
-        with safe_open(where[key], "pt") as h:
-            return h.get_tensor(key)
+        return where[key].get_tensor(key)
     return tensor, shapes
 
 

@@ -6,7 +6,7 @@ __all__ = ['load', 'main', 'GPT', 'GPTConfig', 'Transformer', 'TransformerConfig
            'Pretrained', 'generate', 'train', 'add_lora', 'save_adapter', 'load_adapter', 'quantise', 'save_checkpoint',
            'load_checkpoint']
 
-# %% ../nbs/95_front.ipynb #1c2d3907
+# %% ../nbs/95_front.ipynb #a060f46b
 import argparse
 import sys
 from pathlib import Path
@@ -24,7 +24,7 @@ from .pretrained import Pretrained
 from .quantised import load_gguf_blocks, quantise
 from .training import train
 
-# %% ../nbs/95_front.ipynb #2979d3e1
+# %% ../nbs/95_front.ipynb #7044af98
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
          dtype: torch.dtype = torch.float32,  # of the weights (with blocks: the scales)
@@ -36,18 +36,15 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
     package reads, in eval mode; checked from the file's header before anything is
     built."""
     path = _check_load_args(source, dtype, keep_blocks)
+    kw = dict(dtype=dtype, device=device, max_len=max_len)  # every loader's keywords
     if keep_blocks:
-        loaded = load_gguf_blocks(path, dtype, max_len)
-    elif path.suffix == ".safetensors":
+        return load_gguf_blocks(path, **kw)
+    if path.suffix == ".safetensors":  # (its max_len is the saved config's)
         model = load_checkpoint(path, dtype=dtype)
-        loaded = Pretrained(model.eval(), None, {}, str(path))
-    else:
-        loaded = load_pretrained(source, dtype, max_len)  # a .gguf file, a folder, an id
-    if device is not None:
-        loaded.model.to(device)
-    return loaded
+        return Pretrained(model.eval(), None, {}, str(path)).to(device)
+    return load_pretrained(source, **kw)  # a .gguf file, a folder, a Hub id
 
-# %% ../nbs/95_front.ipynb #59b35e25
+# %% ../nbs/95_front.ipynb #24f790a0
 def _check_load_args(source, dtype, keep_blocks) -> Path:
     "`source` as a path, if the arguments are valid (the loaders check the file)."
     if not isinstance(source, (str, Path)):
@@ -62,7 +59,7 @@ def _check_load_args(source, dtype, keep_blocks) -> Path:
                          "not a .gguf file")
     return path
 
-# %% ../nbs/95_front.ipynb #c289a846
+# %% ../nbs/95_front.ipynb #9e025b09
 def main(argv: list[str] | None = None) -> int:  # the exit status
     "The command line: `minitransformer chat SOURCE` or `generate SOURCE PROMPT`."
     args = _parser().parse_args(argv)
@@ -89,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
 def _show(piece: str) -> None:
     print(piece, end="", flush=True)
 
-# %% ../nbs/95_front.ipynb #7675451a
+# %% ../nbs/95_front.ipynb #8e72b0ce
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minitransformer", description="Talk to a language model: a .gguf "
@@ -128,7 +125,7 @@ def _check_can_write(loaded: Pretrained, chat: bool) -> None:
     if chat and loaded.tokenizer.chat_template is None:
         raise ValueError("it has no chat template: use `generate` instead of `chat`")
 
-# %% ../nbs/95_front.ipynb #4cc13da1
+# %% ../nbs/95_front.ipynb #5dc83bed
 def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
@@ -160,7 +157,7 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
         print()
         messages = asked + [{"role": "assistant", "content": "".join(pieces)}]
 
-# %% ../nbs/95_front.ipynb #a263194d
+# %% ../nbs/95_front.ipynb #ef7c8914
 def _read_line(tty: bool) -> str:
     "The next message: typed after a prompt in a terminal, else the input's next line."
     if tty:
@@ -186,7 +183,7 @@ def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
               file=sys.stderr)
     return messages
 
-# %% ../nbs/95_front.ipynb #f06f61eb
+# %% ../nbs/95_front.ipynb #5db5612b
 _all_ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "TextEncoder",
          "TextEncoderConfig", "Pretrained", "generate", "train", "add_lora",
          "save_adapter", "load_adapter", "quantise", "save_checkpoint",

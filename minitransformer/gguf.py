@@ -257,7 +257,8 @@ def read_gguf_llama(path, max_len: int | None = None) -> GGUFLlama:
     return GGUFLlama(Path(path), config, tokenizer, rules, tensors)
 
 
-def load_gguf(path, dtype: torch.dtype = torch.float32,
+def load_gguf(path, *, dtype: torch.dtype = torch.float32,
+              device: str | torch.device | None = None,
               max_len: int | None = None) -> Pretrained:
     """A Llama GGUF file (`read_gguf_llama`; any quantisation `gguf` reads) as our
     `GPT` dequantised to `dtype`, with its tokenizer and chat template. Everything is
@@ -267,7 +268,7 @@ def load_gguf(path, dtype: torch.dtype = torch.float32,
     model, unused = model_from_rules(GPT, file.config, file.rules,
                                      lambda k: tensor_from_gguf(file.tensors[k]),
                                      file.shapes, dtype, str(path))
-    return Pretrained(model.eval(), file.tokenizer, unused, str(path))
+    return Pretrained(model.eval(), file.tokenizer, unused, str(path)).to(device)
 
 # %% ../nbs/16_gguf.ipynb #0342d9be
 def _check_source(name, revision) -> Path:
@@ -296,20 +297,21 @@ def _hub_download():
     return snapshot_download
 
 # %% ../nbs/16_gguf.ipynb #744ef461
-def load_pretrained(name, dtype: torch.dtype = torch.float32,
+def load_pretrained(name, *, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device | None = None,
                     max_len: int | None = None,
                     revision: str | None = None) -> Pretrained:
     """A `.gguf` file, a Hugging Face-format folder, or (online) a Hub repo id such as
     "sentence-transformers/all-MiniLM-L6-v2", as one of our models."""
     path = _check_source(name, revision)
     if path.suffix == ".gguf":
-        return load_gguf(path, dtype, max_len)
+        return load_gguf(path, dtype=dtype, device=device, max_len=max_len)
     if path.is_dir():
-        return load_folder(path, dtype, max_len)
+        return load_folder(path, dtype=dtype, device=device, max_len=max_len)
     snapshot_download = _hub_download()  # a repo id: its files into the local cache
     folder = snapshot_download(repo_id=str(name), revision=revision, allow_patterns=[
         "config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
         "tokenizer_config.json", "chat_template.jinja"])
-    loaded = load_folder(folder, dtype, max_len)
+    loaded = load_folder(folder, dtype=dtype, device=device, max_len=max_len)
     loaded.source = f"{name} (Hub, in {folder})"
     return loaded

@@ -341,12 +341,11 @@ def _check_talker(loaded, max_new_tokens, stream) -> None:
 
 
 def _generation_ends(file: Path, backend) -> tuple[str, ...]:
-    """The tokens of generation_config.json's `eos_token_id` (an id or a list of ids):
-    where the model's generation ends; none without the file."""
+    "The tokens of generation_config.json's `eos_token_id` (an id or ids), if any."
     if not file.is_file():
         return ()
     ids = parse_json_object(file.read_bytes(), str(file)).get("eos_token_id", [])
-    ids = [ids] if isinstance(ids, int) else ids
+    ids = [ids] if type(ids) is int else ids
     tokens = [backend.id_to_token(i) if type(i) is int else None for i in ids]
     if not isinstance(ids, list) or None in tokens:
         raise ValueError(f"{file}: eos_token_id must be token ids of the vocabulary, "
@@ -423,9 +422,8 @@ class PretrainedTokenizer:
         backend.no_padding()  # `encode_batch` pads a batch to its longest text
         backend.no_truncation()  # a text too long for the model is refused by it
         self.bos, self.eos, self.pad, self.end = bos, eos, pad, tuple(end)
-        _check_specials(backend, {"bos": bos, "eos": eos, "pad": pad}, chat_template)
-        for token in self.end:
-            _check_specials(backend, {"end": token}, None)
+        _check_specials(backend, {"bos": bos, "eos": eos, "pad": pad, **{
+            f"end-of-turn {t!r}": t for t in self.end}}, chat_template)
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -501,6 +499,12 @@ class Pretrained:
     unused: dict[str, str]  # source tensors not needed by our model -> why
     source: str  # where the weights came from
 
+    def to(self, device: str | torch.device | None) -> Pretrained:
+        "The model moved to `device` (None: left where it is); returns self."
+        if device is not None:
+            self.model.to(device)
+        return self
+
     def chat(self, messages: list[dict], **kw) -> str:
         "The assistant's reply to `messages` (role and content dicts), by the template."
         return self._reply(messages, chat=True, **kw)
@@ -509,10 +513,8 @@ class Pretrained:
         "The text the model writes after `text`."
         return self._reply(text, **kw)
 
-    def _reply(self, said, chat: bool = False, *, max_new_tokens: int = 256,
-               temperature: float = 0.0, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None, stream=None,
-               compile: bool | str = False) -> str:
+    def _reply(self, said, chat=False, *, max_new_tokens=256, temperature=0.0,
+               top_k=None, top_p=None, seed=None, stream=None, compile=False) -> str:
         _check_talker(self, max_new_tokens, stream)
         text = self.tokenizer.apply_chat_template(said) if chat else said
         prompt = self.tokenizer.encode(text)
@@ -524,15 +526,13 @@ class Pretrained:
                        temperature=temperature, top_k=top_k, top_p=top_p,
                        stop_token=self.tokenizer.end_ids, generator=generator,
                        compile=compile, callback=pieces.add if stream else None)[0]
-        pieces.ids = ids
-        pieces.add([], last=True)  # the rest (or, without `stream`, all) of the text
+        pieces.add(ids[len(pieces.ids):], last=True)  # the rest (or, unstreamed, all)
         return pieces.text
 
 
 class _TextPieces:
-    """`generate`'s callback for one row: each piece is what the newest id adds to
-    the decoded text, held back while the text ends inside a character (its UTF-8
-    bytes split across ids); the pieces join to `text`."""
+    """`generate`'s callback for one row: each piece is what the newest id adds to the
+    text, held back while it ends inside a character; the pieces join to `text`."""
 
     def __init__(self, decode, stream=None):
         self.decode, self.stream, self.ids, self.text = decode, stream, [], ""
@@ -546,7 +546,8 @@ class _TextPieces:
             self.text = text
 
 
-def load_folder(folder, dtype: torch.dtype = torch.float32,
+def load_folder(folder, *, dtype: torch.dtype = torch.float32,
+                device: str | torch.device | None = None,
                 max_len: int | None = None) -> Pretrained:
     """A Hugging Face-format folder (config.json, *.safetensors, and tokenizer.json if
     present) as our model: BERT-family → `TextEncoder`, Llama and GPT-2 → `GPT`.
@@ -570,7 +571,7 @@ def load_folder(folder, dtype: torch.dtype = torch.float32,
                                      {k: shapes[v] for k, v in names.items()},
                                      dtype, f"the safetensors files of {folder}")
     unused = {names[k]: why for k, why in unused.items()}
-    return Pretrained(model.eval(), tokenizer, unused, str(folder))
+    return Pretrained(model.eval(), tokenizer, unused, str(folder)).to(device)
 
 # %% ../nbs/15_pretrained.ipynb #e2fbd355
 def _safetensors(folder: Path):

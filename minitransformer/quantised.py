@@ -563,7 +563,8 @@ def _gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's he
     return model
 
 
-def load_gguf_blocks(path, dtype: torch.dtype = torch.float32,
+def load_gguf_blocks(path, *, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device | None = None,
                      max_len: int | None = None) -> Pretrained:
     """A Llama GGUF file as chapter 16's `load_gguf` reads it, but with every matrix
     stored in Q8_0, Q4_0 or Q4_1 kept in its blocks; `dtype` is that of the scales
@@ -576,4 +577,4 @@ def load_gguf_blocks(path, dtype: torch.dtype = torch.float32,
                          file.shapes, str(path))
     _check_has_blocks(file)
     model = _gguf_blocks_model(file, dtype)
-    return Pretrained(model.eval(), file.tokenizer, unused, str(path))
+    return Pretrained(model.eval(), file.tokenizer, unused, str(path)).to(device)

@@ -6,7 +6,7 @@ __all__ = ['load', 'main', 'GPT', 'GPTConfig', 'Transformer', 'TransformerConfig
            'Pretrained', 'generate', 'train', 'add_lora', 'save_adapter', 'load_adapter', 'quantise', 'save_checkpoint',
            'load_checkpoint']
 
-# %% ../nbs/95_front.ipynb #a060f46b
+# %% ../nbs/95_front.ipynb #b19bdfb5
 import argparse
 import sys
 from pathlib import Path
@@ -24,7 +24,7 @@ from .pretrained import Pretrained
 from .quantised import load_gguf_blocks, quantise
 from .training import train
 
-# %% ../nbs/95_front.ipynb #7044af98
+# %% ../nbs/95_front.ipynb #bc95a339
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
          dtype: torch.dtype = torch.float32,  # of the weights (with blocks: the scales)
@@ -35,7 +35,7 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
     """A model and what came with it (tokenizer, chat template), from any source the
     package reads, in eval mode; checked from the file's header before anything is
     built."""
-    path = _check_load_args(source, dtype, keep_blocks)
+    path = _check_load_args(source, dtype, keep_blocks, max_len)
     kw = dict(dtype=dtype, device=device, max_len=max_len)  # every loader's keywords
     if keep_blocks:
         return load_gguf_blocks(path, **kw)
@@ -44,8 +44,8 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
         return Pretrained(model.eval(), None, {}, str(path)).to(device)
     return load_pretrained(source, **kw)  # a .gguf file, a folder, a Hub id
 
-# %% ../nbs/95_front.ipynb #24f790a0
-def _check_load_args(source, dtype, keep_blocks) -> Path:
+# %% ../nbs/95_front.ipynb #3a195b44
+def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
     "`source` as a path, if the arguments are valid (the loaders check the file)."
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source must be a path or a Hub id, got "
@@ -57,9 +57,11 @@ def _check_load_args(source, dtype, keep_blocks) -> Path:
     if keep_blocks and path.suffix != ".gguf":
         raise ValueError(f"keep_blocks=True keeps a GGUF file's blocks; {source} is "
                          "not a .gguf file")
+    if max_len is not None and path.suffix == ".safetensors":
+        raise ValueError("a checkpoint's max_len is its saved config's: pass no max_len")
     return path
 
-# %% ../nbs/95_front.ipynb #9e025b09
+# %% ../nbs/95_front.ipynb #02ecbe45
 def main(argv: list[str] | None = None) -> int:  # the exit status
     "The command line: `minitransformer chat SOURCE` or `generate SOURCE PROMPT`."
     args = _parser().parse_args(argv)
@@ -77,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
         print("compiling the decode step (the first reply waits for it; it needs a C "
               "compiler: without one, leave out --compile)", file=sys.stderr)
     if args.command == "generate":
-        loaded.complete(args.prompt, stream=_show, **kw)
+        try:
+            loaded.complete(args.prompt, stream=_show, **kw)
+        except (ValueError, TypeError) as e:  # a bad option, a prompt too long
+            print(f"minitransformer: {e}", file=sys.stderr)
+            return 2
         print()
         return 0
     return _converse(loaded, args.system, kw)
@@ -86,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
 def _show(piece: str) -> None:
     print(piece, end="", flush=True)
 
-# %% ../nbs/95_front.ipynb #8e72b0ce
+# %% ../nbs/95_front.ipynb #edc42212
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minitransformer", description="Talk to a language model: a .gguf "
-        "file, a Hugging Face folder or Hub id, or a checkpoint of this package.")
+        "file, a Hugging Face folder, or a Hub id owner/name.")
     sub = p.add_subparsers(dest="command", required=True)
     chat = sub.add_parser("chat", help="hold a conversation (by its chat template)")
     gen = sub.add_parser("generate", help="print the text written after PROMPT")
@@ -125,7 +131,7 @@ def _check_can_write(loaded: Pretrained, chat: bool) -> None:
     if chat and loaded.tokenizer.chat_template is None:
         raise ValueError("it has no chat template: use `generate` instead of `chat`")
 
-# %% ../nbs/95_front.ipynb #5dc83bed
+# %% ../nbs/95_front.ipynb #f94f2bf2
 def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
@@ -135,7 +141,8 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
         try:
             line = _read_line(tty).strip()
         except EOFError:  # Ctrl-D, or the end of piped input
-            print() if tty else None
+            if tty:
+                print()  # (the terminal's cursor to a new line)
             return 0
         except KeyboardInterrupt:  # Ctrl-C at the prompt
             print()
@@ -154,10 +161,13 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
             loaded.chat(asked, stream=lambda s: (pieces.append(s), _show(s)), **kw)
         except KeyboardInterrupt:  # Ctrl-C during a reply: keep what was written
             print("\n(stopped)", end="", file=sys.stderr)
+        except (ValueError, TypeError) as e:  # a bad option, a message too long:
+            print(f"minitransformer: {e}", file=sys.stderr)  # said, and the turn
+            continue  # forgotten
         print()
         messages = asked + [{"role": "assistant", "content": "".join(pieces)}]
 
-# %% ../nbs/95_front.ipynb #ef7c8914
+# %% ../nbs/95_front.ipynb #6424031b
 def _read_line(tty: bool) -> str:
     "The next message: typed after a prompt in a terminal, else the input's next line."
     if tty:
@@ -175,7 +185,7 @@ def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
     system = 1 if messages[0]["role"] == "system" else 0
     dropped = 0
     while (len(messages) > system + 1 and
-           len(tok.encode(tok.apply_chat_template(messages))) > room):
+           len(tok.encode(tok.apply_chat_template(messages), False)) > room):
         messages = messages[:system] + messages[system + 2:]  # a question, its reply
         dropped += 1
     if dropped:
@@ -183,7 +193,7 @@ def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
               file=sys.stderr)
     return messages
 
-# %% ../nbs/95_front.ipynb #5db5612b
+# %% ../nbs/95_front.ipynb #66581cbf
 _all_ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "TextEncoder",
          "TextEncoderConfig", "Pretrained", "generate", "train", "add_lora",
          "save_adapter", "load_adapter", "quantise", "save_checkpoint",

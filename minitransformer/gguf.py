@@ -311,7 +311,7 @@ def load_pretrained(name, *, dtype: torch.dtype = torch.float32,
     snapshot_download = _hub_download()  # a repo id: its files into the local cache
     folder = snapshot_download(repo_id=str(name), revision=revision, allow_patterns=[
         "config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
-        "tokenizer_config.json", "chat_template.jinja"])
+        "tokenizer_config.json", "chat_template.jinja", "generation_config.json"])
     loaded = load_folder(folder, dtype=dtype, device=device, max_len=max_len)
     loaded.source = f"{name} (Hub, in {folder})"
     return loaded

@@ -137,6 +137,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = angles  # each (T, D) or (B, T, D), in x's dtype (`angles`)
         if cos.dim() == 3 and x.dim() == 4:  # (B, T, D) -> (B, 1, T, D): all heads
             cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # (autocast: x bf16, angles not)
         xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bfloat16: in float32
         # every pair (a, b) turned a quarter turn, to (-b, a):
         if self.interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)

@@ -344,10 +344,11 @@ def _generation_ends(file: Path, backend) -> tuple[str, ...]:
     "The tokens of generation_config.json's `eos_token_id` (an id or ids), if any."
     if not file.is_file():
         return ()
-    ids = parse_json_object(file.read_bytes(), str(file)).get("eos_token_id", [])
-    ids = [ids] if type(ids) is int else ids
-    tokens = [backend.id_to_token(i) if type(i) is int else None for i in ids]
-    if not isinstance(ids, list) or None in tokens:
+    ids = parse_json_object(file.read_bytes(), str(file)).get("eos_token_id")
+    ids = [] if ids is None else [ids] if type(ids) is int else ids
+    tokens = [backend.id_to_token(i) if type(i) is int else None
+              for i in (ids if isinstance(ids, list) else [None])]
+    if None in tokens:
         raise ValueError(f"{file}: eos_token_id must be token ids of the vocabulary, "
                          f"got {ids!r:.60}")
     return tuple(tokens)
@@ -468,9 +469,8 @@ class PretrainedTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special)
 
     def encode_batch(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch for an encoder: ids `(B, T)` int64, each text padded on the right
-        with the pad token to the longest, and the mask `(B, T)` bool, True at real
-        tokens."""
+        """A batch for an encoder: ids `(B, T)` int64 padded on the right with the pad
+        token, and the mask `(B, T)` bool, True at real tokens."""
         _check_texts(texts)
         rows = [self.encode(t) for t in texts]
         return pad_ids(rows, self.pad_id if self.pad_id is not None else 0)
@@ -517,7 +517,7 @@ class Pretrained:
                top_k=None, top_p=None, seed=None, stream=None, compile=False) -> str:
         _check_talker(self, max_new_tokens, stream)
         text = self.tokenizer.apply_chat_template(said) if chat else said
-        prompt = self.tokenizer.encode(text)
+        prompt = self.tokenizer.encode(text, special_tokens=not chat)  # (a template's)
         room = self.model.config.max_len + 1 - len(prompt)  # (the last is not fed)
         generator = None if seed is None else torch.Generator(
             next(self.model.parameters()).device).manual_seed(seed)
@@ -540,18 +540,18 @@ class _TextPieces:
     def add(self, new: list, last: bool = False) -> None:
         self.ids = self.ids + [t for t in new if t is not None]
         text = self.decode(self.ids)
-        if text.startswith(self.text) and (last or not text.endswith("\ufffd")):
-            if text != self.text and self.stream is not None:
-                self.stream(text[len(self.text):])
+        ready, grows = last or not text.endswith("\ufffd"), text.startswith(self.text)
+        if ready and grows and text != self.text and self.stream is not None:
+            self.stream(text[len(self.text):])
+        if ready and (grows or last):  # (a decode that rewrote earlier text: the end)
             self.text = text
 
 
 def load_folder(folder, *, dtype: torch.dtype = torch.float32,
                 device: str | torch.device | None = None,
                 max_len: int | None = None) -> Pretrained:
-    """A Hugging Face-format folder (config.json, *.safetensors, and tokenizer.json if
-    present) as our model: BERT-family → `TextEncoder`, Llama and GPT-2 → `GPT`.
-    Everything is checked from the files' headers before the model is built."""
+    """A Hugging Face-format folder (config.json, *.safetensors, tokenizer.json if any)
+    as our model (BERT → `TextEncoder`; Llama, GPT-2 → `GPT`), checked from headers."""
     folder, config_file = Path(folder), Path(folder) / "config.json"
     check_float_dtype(dtype)
     cfg, kind = _read_config(folder, max_len)  # a model_type of FAMILIES

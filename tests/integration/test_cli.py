@@ -48,6 +48,10 @@ def test_generate_prints_a_completion_and_bad_files_exit_2(tmp_path):
                                 "--max-new-tokens", "6"], text=True, capture_output=True,
                          timeout=300)
     assert run.returncode == 0 and "Paris" in run.stdout, (run.stdout, run.stderr)
+    run = subprocess.run(CLI + ["generate", gguf, "Hi", "--top-k", "0"], text=True,
+                         capture_output=True, timeout=300)  # a bad option, after loading
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "top_k" in run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
     hostile = tmp_path / "hostile.gguf"
     hostile.write_bytes(b"GGUF" + os.urandom(200))
     for source in (str(tmp_path / "missing.gguf"), str(hostile)):
@@ -112,7 +116,8 @@ def test_a_terminal_session_streams_stops_on_ctrl_c_and_exits():
         term.until(b"", 60)  # the reply has begun
         os.kill(term.pid, signal.SIGINT)  # Ctrl-C
         start = time.monotonic()
-        term.until(b"> ", 2)  # the prompt is back within 2 s ...
+        term.until(b"(stopped)", 2)  # the reply stops ...
+        term.until(b"> ", 2 - (time.monotonic() - start))  # ... the prompt is back in 2 s
         assert time.monotonic() - start < 2
         assert os.waitpid(term.pid, os.WNOHANG) == (0, 0)  # ... and the process alive
         term.type(b"/exit\r")

@@ -237,7 +237,6 @@ def test_encoder_decoder_tokens_same_with_without_cache_batched_or_alone():
     assert cached == [generate(model, [p], 25, source=[s])[0] for p, s in zip(prompts, sources)]
 
 
-@pytest.mark.gpu
 def test_a_set_of_stop_ids_and_a_callback_that_streams_the_new_tokens():
     "A row stops at the first of its stop ids; the callback sees each step's new ids, in order."
     model = small_gpt()
@@ -260,6 +259,7 @@ def test_a_set_of_stop_ids_and_a_callback_that_streams_the_new_tokens():
         generate(model, [[5, 6]], 3, stop_token={1, "2"})
 
 
+@pytest.mark.gpu
 def test_sampling_is_reproducible_and_stops():
     model = device_gpt(1)
     a = generate(model, [[5, 6], [7]], 20, temperature=1.0, top_k=10, generator=torch.Generator(DEVICE).manual_seed(3))

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Ctrl-C to the prompt: at most 2 s on an idle machine (measured: under 0.1 s); make test runs
+# other test files beside this one on 2 cores, where a process may wait longer for its turn
+LATENCY = 2 if os.environ.get("PYTEST_XDIST_WORKER") is None else 6
 CLI = [sys.executable, "-c", "import sys; from minitransformer import main; "
        "sys.exit(main())"]  # what the console script `minitransformer` runs
 
@@ -70,10 +73,12 @@ class Terminal:
         if self.pid == 0:  # the child: the terminal is its controlling terminal
             os.execv(argv[0], argv)
         self.reads: list[bytes] = []
+        self.pending = b""  # read, but after the marker a call looked for
 
     def until(self, marker: bytes, seconds: float) -> bytes:
-        "Read until `marker` appears in what came since the call (or fail after `seconds`)."
-        got, end = b"", time.monotonic() + seconds
+        """What the command writes up to `marker` (b"": anything), read as it comes; fail
+        after `seconds`. What came after the marker is kept for the next call."""
+        got, end = self.pending, time.monotonic() + seconds
         while marker not in got or not got:
             left = end - time.monotonic()
             assert left > 0, f"no {marker!r} within {seconds} s; got {got!r}"
@@ -81,7 +86,9 @@ class Terminal:
                 chunk = os.read(self.fd, 4096)
                 self.reads.append(chunk)
                 got += chunk
-        return got
+        cut = got.index(marker) + len(marker) if marker else len(got)
+        self.pending = got[cut:]
+        return got[:cut]
 
     def type(self, text: bytes) -> None:
         os.write(self.fd, text)
@@ -116,9 +123,11 @@ def test_a_terminal_session_streams_stops_on_ctrl_c_and_exits():
         term.until(b"", 60)  # the reply has begun
         os.kill(term.pid, signal.SIGINT)  # Ctrl-C
         start = time.monotonic()
-        term.until(b"(stopped)", 2)  # the reply stops ...
-        term.until(b"> ", 2 - (time.monotonic() - start))  # ... the prompt is back in 2 s
-        assert time.monotonic() - start < 2
+        term.until(b"(stopped)", 10)  # the reply stops ...
+        term.until(b"> ", 10)  # ... and the prompt is back:
+        took = time.monotonic() - start
+        print(f"Ctrl-C to the prompt: {took:.2f} s")
+        assert took < LATENCY, took
         assert os.waitpid(term.pid, os.WNOHANG) == (0, 0)  # ... and the process alive
         term.type(b"/exit\r")
         assert term.status() == 0

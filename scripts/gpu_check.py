@@ -40,13 +40,42 @@ def bench_attention(dtype, B=8, H=16, T=2048, D=64, repeats=20) -> tuple[float, 
     return tuple(out)
 
 
+def empty_rows() -> list[tuple[str, str, str]]:
+    """What torch's own attention kernels give a query whose mask allows no key, per backend and
+    dtype: "zeros", "nan", "other" or "n/a" (the backend takes no such input); `attend` zeroes
+    such rows itself, which is needed only where some kernel gives anything but zeros."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(2, 4, 9, 64, device="cuda", dtype=dtype) for _ in range(3))
+        mask = torch.rand(2, 1, 9, 9, device="cuda") < 0.7
+        mask[1, 0, 3] = False
+        for name in ("MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "FLASH_ATTENTION"):
+            try:
+                with sdpa_kernel([getattr(SDPBackend, name)]):
+                    row = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[1, :, 3]
+                got = ("nan" if row.isnan().any() else "zeros" if (row == 0).all()
+                       else "other")
+            except RuntimeError:
+                got = "n/a"
+            rows.append((str(dtype).removeprefix("torch."), name, got))
+    return rows
+
+
 def bench_generate(dtype, new_tokens=256) -> list[float]:
     """Tokens/s of cached greedy generation for the 4-layer d_model-256 benchmark GPT: batch 1 and 32,
-    eager and with `generate(..., compile=True)` (one flat graph a step over the static cache), and
-    the seconds of the first compiled call (compilation included); the compiled tokens must equal the
-    eager ones."""
+    eager and with `generate(..., compile=True)` (one flat graph a step over the static cache,
+    replayed as a CUDA graph), and the seconds of the first compiled call (compilation included).
+    Asserted: inductor skipped no CUDA graph, each compiled decode step replayed one, and the
+    compiled tokens equal the eager ones (float32)."""
+    from torch._dynamo.utils import counters
     from minitransformer.generation import generate
     from minitransformer.model import GPT, GPTConfig
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    torch.cuda.CUDAGraph.replay = lambda self: replays.append(1) or replay(self)
+    counters.clear()
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=5000, max_len=16 + new_tokens, d_model=256, n_heads=4,
                           n_layers=4)).cuda().to(dtype).eval()
@@ -60,12 +89,18 @@ def bench_generate(dtype, new_tokens=256) -> list[float]:
             if compile and B == 1:
                 first = time.perf_counter() - t0
             torch.cuda.synchronize(); t0 = time.perf_counter()
+            replays.clear()
             tokens = generate(model, prompts, new_tokens, compile=compile)
             torch.cuda.synchronize()
             res.append(B * new_tokens / (time.perf_counter() - t0))
+            if compile:
+                print(f"{dtype}, B={B}: {len(replays)} CUDA graph replays for {new_tokens} "
+                      f"tokens, {counters['inductor']['cudagraph_skips']} skips", flush=True)
+                assert len(replays) == new_tokens - 1, "a decode step replayed no CUDA graph"
+                assert counters["inductor"]["cudagraph_skips"] == 0, "inductor skipped CUDA graphs"
             if compile and dtype == torch.float32:
-                same = tokens == generate(model, prompts, new_tokens)
-                print(f"compiled tokens equal to eager ones (B={B}, float32): {same}", flush=True)
+                assert tokens == generate(model, prompts, new_tokens), "compiled != eager tokens"
+    torch.cuda.CUDAGraph.replay = replay
     return res + [first]
 
 
@@ -76,8 +111,13 @@ def main() -> int:
     name = torch.cuda.get_device_name()
     print(f"gpu-check on {name}, torch {torch.__version__}", flush=True)
     env = {**os.environ, "MT_DEVICE": "cuda"}
+    files = ["tests/integration/test_gpu.py"] + [f"tests/unit/test_{m}.py" for m in (
+        "generation", "kv_cache", "model", "multihead")]  # (every file with `gpu` tests)
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "-m", "gpu", "tests"], cwd=ROOT, env=env)
+                            "-m", "gpu", *files], cwd=ROOT, env=env)
+    print("\nwhat torch's kernel gives a query that may see no key:")
+    for dtype, backend, got in empty_rows():
+        print(f"  {dtype:<10}{backend:<21}{got}")
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         attn = bench_attention(dtype)

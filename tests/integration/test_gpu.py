@@ -109,3 +109,55 @@ def test_is_causal_and_fused_rms_norm_match_cpu(dtype):
     ref = norm(x)
     out = norm.cuda().to(dtype)(x.cuda().to(dtype))
     assert out.dtype == dtype and close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_generation_replays_a_cuda_graph_a_token(dtype, monkeypatch):
+    """generate(..., compile=True) on CUDA: inductor skips no CUDA graph, every decoded
+    token after the first is one graph replay, and the tokens are the eager ones
+    (float32; bfloat16's may differ by rounding)."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=50, max_len=128, d_model=32, n_heads=4, n_layers=2,
+                    position_encoding="rotary")
+    gpt = GPT(cfg).cuda().to(dtype).eval()
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    counters.clear()
+    first = generate(gpt, prompts, 20, compile=True)  # compiles, warms up, records
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay",
+                        lambda self: replays.append(1) or replay(self))
+    again = generate(gpt, prompts, 20, compile=True)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert len(replays) == 19  # the prompt's step runs eagerly; each later one replays
+    assert again == first
+    if dtype == torch.float32:
+        assert first == generate(gpt, prompts, 20)
+        t_cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=20, d_model=32, n_heads=4)
+        t = Transformer(t_cfg).cuda().eval()
+        sources = [[5, 6, 7], [8, 9]]
+        out = generate(t, [[2], [2]], 10, source=sources, compile=True)
+        assert out == generate(t, [[2], [2]], 10, source=sources)
+        assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+@pytest.mark.parametrize("backend", ["MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_query_that_sees_no_key_gets_zeros_under_each_sdpa_backend(backend, dtype):
+    """`attend` zeroes such a row whatever torch's kernel gave it (scripts/gpu_check.py
+    prints what each kernel gives on its own)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from minitransformer.attention import attend
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 9, 64, device="cuda", dtype=dtype) for _ in range(3))
+    mask = torch.rand(2, 1, 9, 9, device="cuda") < 0.7
+    mask[1, 0, 3] = False
+    try:
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            out = attend(q, k, v, mask)
+    except RuntimeError as e:  # this backend takes no such input here
+        pytest.skip(f"{backend}: {str(e)[:80]}")
+    ref, _ = attention_with_weights(q.float(), k.float(), v.float(), mask)
+    assert (out[1, :, 3] == 0).all() and not out.isnan().any()
+    assert close(out, ref, dtype)

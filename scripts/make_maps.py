@@ -1,4 +1,5 @@
-"""Draw the book's "you are here" maps: one small SVG per numbered chapter, nbs/figures/map-NN.svg.
+"""Draw the book's "you are here" maps: one small SVG per numbered chapter, nbs/figures/map-NN.svg,
+and the closing page's map with every piece built, nbs/figures/map-all.svg.
 
 The map shows the whole model as a reader meets it — text in, the pieces of a block, the stack,
 the model, and what is done with it — and highlights the pieces the chapter builds.
@@ -36,16 +37,18 @@ ARROWS = [((74, 80), (74, 88)), ((144, 102), (154, 102)), ((480, 30), (490, 30))
 WIDTH, HEIGHT = 714, 232
 
 
-def svg(chapter: int) -> str:
+def svg(chapter: int | None) -> str:
+    "The map with `chapter`'s pieces highlighted (None: all of them)."
+    what = f"chapter {chapter} highlighted" if chapter else "every chapter's piece built"
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
-        f'height="{HEIGHT}" role="img" aria-label="Map of the book: chapter {chapter} highlighted">',
+        f'height="{HEIGHT}" role="img" aria-label="Map of the book: {what}">',
         '<rect x="154" y="8" width="326" height="178" rx="10" fill="#f4f6fb" stroke="#b8c2d8"/>',
         '<text x="472" y="176" text-anchor="end" font-family="sans-serif" font-size="13" '
         'fill="#5a6478">one Transformer block</text>',
     ]
     for n, label, x, y, w in BOXES:
-        here = n == chapter
+        here = chapter is None or n == chapter
         fill, stroke, color = ("#2f6fdb", "#1d4fa8", "#ffffff") if here else ("#ffffff", "#8a94a8", "#2b3445")
         weight = "bold" if here else "normal"
         parts.append(f'<rect x="{x}" y="{y}" width="{w}" height="28" rx="6" fill="{fill}" '
@@ -62,7 +65,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for chapter in range(1, 20):
         (OUT / f"map-{chapter:02d}.svg").write_text(svg(chapter), encoding="utf-8")
-    print(f"wrote 19 maps to {OUT}")
+    (OUT / "map-all.svg").write_text(svg(None), encoding="utf-8")
+    print(f"wrote 20 maps to {OUT}")
 
 
 if __name__ == "__main__":

@@ -152,9 +152,13 @@ def test_prose_explains_rather_than_reports(nb):
     assert not found, f"{nb.stem} reports on its checks instead of explaining: {found}"
 
 
-@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+PAGES = sorted((ROOT / "nbs").glob("*.md")) + [ROOT / "README.md"]  # the book's other pages
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS + PAGES, ids=lambda p: p.name)
 def test_checks_are_called_checks(nb):
-    md = "\n".join(_src(c) for c in _cells(nb) if c["cell_type"] == "markdown")
+    md = (nb.read_text(encoding="utf-8") if nb.suffix == ".md" else
+          "\n".join(_src(c) for c in _cells(nb) if c["cell_type"] == "markdown"))
     found = re.findall(r"\b(?:proof|proofs|proves?|proven)\b", md, re.I)
     assert not found, f"{nb.stem} says {found}: a test on random inputs is a check, not a proof"
     assert not re.search(r"\bthe seed\b", md, re.I), f"{nb.stem} refers to its source outline"
@@ -172,3 +176,21 @@ def test_figures_exist_and_are_svg():
         if path.suffix == ".svg":
             root = ET.parse(path).getroot()
             assert root.tag.endswith("svg") and root.get("viewBox"), f"{src}: an <svg> with a viewBox"
+
+
+def test_each_numbered_chapter_ends_its_summary_with_a_link_to_the_next():
+    "The last line of 'What we have' links to the next chapter by its title (19: the closing page)."
+    numbered = [nb for nb in NOTEBOOKS if nb.name[:2].isdigit() and 0 < int(nb.name[:2]) < 90]
+    titles = [_src(_cells(nb)[0]).splitlines()[0].lstrip("# ").strip() for nb in numbered]
+    targets = [(t, nb.name) for t, nb in zip(titles[1:], numbered[1:])]
+    targets.append(("Where to go next", "closing.md"))
+    closing = (ROOT / "nbs" / "closing.md").read_text(encoding="utf-8")
+    assert closing.startswith("# Where to go next\n")
+    for nb, (title, target) in zip(numbered, targets):
+        cells = _cells(nb)
+        start = max(i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                    and _src(c).lstrip().startswith("## What we have"))
+        end = next((i for i in range(start + 1, len(cells))
+                    if _src(cells[i]).lstrip().startswith("## ")), len(cells))
+        last = _src(cells[end - 1]).rstrip().splitlines()[-1]
+        assert last == f"Next: [{title}]({target}).", f"{nb.stem} ends with {last!r}"

@@ -117,7 +117,7 @@ def _chapter_order() -> list[str]:
     "Notebook stems of the numbered chapters (and chapter 0) in reading order, from _toc.yml."
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     return [c["file"].removeprefix("nbs/") for part in toc["parts"] if part["caption"] != "Appendix"
-            for c in part["chapters"] if c["file"].startswith("nbs/")]
+            for c in part["chapters"] if (ROOT / (c["file"] + ".ipynb")).exists()]
 
 
 def _imported_modules(text: str) -> set[str]:

@@ -24,7 +24,8 @@ def default_device() -> torch.device:
 # %% ../nbs/00_core.ipynb #08a481c1
 def seed_everything(seed: int) -> None:
     """Seed Python's, torch's (all devices) and, if installed, NumPy's generators.
-    `seed` is any int >= 0; torch takes it modulo 2**64 and NumPy modulo 2**32."""
+    `seed` is any int >= 0. torch refuses seeds of 2**64 or more and NumPy those of
+    2**32 or more, so each gets `seed` reduced modulo its limit."""
     _check_seed(seed)  # an int >= 0
     random.seed(seed)
     torch.manual_seed(seed % 2**64)  # also seeds every CUDA device

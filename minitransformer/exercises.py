@@ -34,9 +34,8 @@ def _shape(t) -> str:
 
 
 def _call(fn, what: str, args: tuple, case: str):
-    """`fn(*args)` on copies of the tensors in `args` (a function that changes its
-    inputs in place leaves the checker's alone), with a reader's exception turned into
-    one sentence."""
+    """`fn(*args)` on copies of the tensors in `args` (the reader's function may change
+    them), with a reader's exception turned into one sentence."""
     if not callable(fn):
         raise TypeError(f"the checker takes your function, got {type(fn).__name__}")
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
@@ -55,10 +54,10 @@ def _same(got, want, tol: float) -> bool:
 
 def _difference(got, want) -> str:
     """Where `got` differs most from `want` (for masks and ids, the first place), and by
-    how much, to 2 significant digits."""
+    how much, to 2 significant digits (an infinite difference as inf)."""
     a, b = got.detach().double(), want.double()
-    diff = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0,
-                       (a - b).abs().nan_to_num(nan=torch.inf))
+    diff = (a - b).abs().nan_to_num(nan=torch.inf, posinf=torch.inf)
+    diff = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0, diff)
     if not want.is_floating_point():
         diff = (diff > 0).double()  # argmax: the first place that differs
     i = [int(j) for j in torch.unravel_index(diff.argmax(), diff.shape)]
@@ -71,480 +70,502 @@ def _difference(got, want) -> str:
 
 
 def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) -> None:
-    """Raise an `ExerciseError` unless `got` matches `want`. `mistakes`: pairs
-    (what a known mistake returns, or a test of `got` that recognises it; the sentence
-    that names it), tried in order."""
+    """Raise an `ExerciseError` unless `got` matches `want` (a tensor, or an int).
+    `mistakes`: pairs (a mistake's result, or a test of `got`; its sentence, or a
+    function of `got` that writes it), tried in order before type, shape and value."""
+    if isinstance(want, int):  # a count: the mistakes are the wrong counts
+        if type(got) is not int:
+            raise ExerciseError(f"your {what} returned a {type(got).__name__}, not an "
+                                f"int, on {case}")
+        if got != want:
+            named = dict(mistakes).get(got, f"your {what} is {got:,}; the model "
+                                       f"has {want:,}")
+            raise ExerciseError(f"{named} (on {case})")
+        return
     if not isinstance(got, torch.Tensor):
-        raise ExerciseError(f"your {what} returned a {type(got).__name__}, "
-                            f"not a tensor, on {case}")
-    if got.shape != want.shape:
-        raise ExerciseError(f"your {what} returned shape {_shape(got)} on {case}; "
-                            f"expected {_shape(want)}")
+        raise ExerciseError(f"your {what} returned a {type(got).__name__}, not a "
+                            f"tensor, on {case}")
     if want.dtype == torch.bool and got.dtype != torch.bool:
-        raise ExerciseError(f"your {what} returned dtype {got.dtype} on {case}; "
-                            "masks are boolean (True = may attend)")
+        kind = (f"{got.dtype} numbers" if not got.is_floating_point() or
+                not got.isneginf().any() else "an additive mask of 0 and -inf")
+        raise ExerciseError(f"your {what} returned {kind} on {case}; masks are "
+                            "boolean (True = may attend)")
     if _same(got, want, tol):
         return
     for wrong, sentence in mistakes:
-        if wrong(got) if callable(wrong) else _same(got, wrong, tol):
-            raise ExerciseError(f"{sentence} (on {case})")
-    if (got.is_floating_point() and not torch.isfinite(got).all()
-            and torch.isfinite(want).all()):
+        try:  # the mistake's value, or a test of `got` (written for the right shape)
+            fits = wrong(got) if callable(wrong) else _same(got, wrong, tol)
+        except Exception:
+            fits = False
+        if fits:
+            where = f": {_difference(got, want)}" if got.shape == want.shape else ""
+            raise ExerciseError(f"{sentence(got) if callable(sentence) else sentence} "
+                                f"(on {case}{where})")
+    if got.dtype == torch.bool and want.dtype != torch.bool:
+        raise ExerciseError(f"your {what} returned a boolean mask on {case}, where the "
+                            f"package returns {want.dtype} numbers")
+    if got.shape != want.shape:
+        raise ExerciseError(f"your {what} returned shape {_shape(got)} on {case}; "
+                            f"expected {_shape(want)}")
+    if got.is_floating_point() and not got.isfinite().all() and want.isfinite().all():
         raise ExerciseError(f"your {what} returned NaN or inf on {case}, "
                             "where the package's values are finite")
     raise ExerciseError(f"your {what} returned different values on {case}: "
                         + _difference(got, want))
 
 
-def _passed(what: str, n: int) -> None:
-    print(f"{what}: all {n} cases agree with the package")
-
-
-def _own_randomness(check):
-    "A checker that draws its cases without touching the reader's random state."
-    @functools.wraps(check)
-    def checked(*args, **kwargs):
-        with torch.random.fork_rng(devices=[]):
-            return check(*args, **kwargs)
-    return checked
+def _checker(what: str, tol: float = 1e-5):
+    """A checker from a generator of cases `(args, case, want, mistakes)`: it calls the
+    reader's function on each `args` (the global random state kept), compares, and
+    says how many agree. Several results: `want` and `mistakes` are dicts by name."""
+    def make(cases):
+        @functools.wraps(cases)
+        def check(fn, *options, **named) -> None:
+            with torch.random.fork_rng(devices=[]):  # the reader's draws stay theirs
+                for n, (args, case, want, mistakes) in enumerate(
+                        cases(fn, *options, **named), 1):
+                    got = _call(fn, what, args, case)
+                    if not isinstance(want, dict):  # one result
+                        want, mistakes, got = {what: want}, {what: mistakes}, (got,)
+                    elif not (isinstance(got, (tuple, list)) and len(got) == len(want)):
+                        raise ExerciseError(f"your {what} must return "
+                                            f"({', '.join(want)}), on {case}")
+                    for (name, w), g in zip(want.items(), got):
+                        _compare(g, w, name, case, mistakes.get(name, ()), tol)
+            print(f"{what}: all {n} cases agree with the package")
+        return check
+    return make
 
 # %% ../nbs/94_exercises.ipynb #1e81d2de
-@_own_randomness
-def check_softmax(fn, empty_rows: bool = True) -> None:
+@_checker("softmax")
+def check_softmax(fn, empty_rows: bool = True):
     """Check `fn(scores)`, a softmax over the last axis, against `mixing.softmax` on
-    odd shapes, large scores and -inf scores (and, with `empty_rows`, a row whose
-    scores are all -inf: weights 0, the book's convention)."""
-    g = torch.Generator().manual_seed(0)
-    inf = float("inf")
+    odd shapes, large scores, rows of very different sizes and -inf scores (and, with
+    `empty_rows`, a row whose scores are all -inf: weights 0, the book's convention)."""
+    g, inf = torch.Generator().manual_seed(0), float("inf")
+    fixed = [[1000, 999, 998], [[1000, 999], [0, 1]], [[0.5, -inf, 2], [-inf, 1, 1]]]
+    fixed += [[[-inf, -inf, -inf], [0, 1, 2]]] if empty_rows else []
     cases = [(torch.randn(*s, generator=g) * 3, f"scores of shape {s}")
              for s in [(5,), (3, 7), (2, 4, 1), (2, 3, 6)]]
-    cases += [(torch.tensor([1000.0, 999.0, 998.0]), "the scores [1000, 999, 998]"),
-              (torch.tensor([[0.5, -inf, 2.0], [-inf, 1.0, 1.0]]),
-               "rows with a -inf score")]
-    if empty_rows:
-        cases.append((torch.tensor([[-inf, -inf, -inf], [0.0, 1.0, 2.0]]),
-                      "a row whose scores are all -inf"))
-    for scores, case in cases:
-        got = _call(fn, "softmax", (scores,), case)
-        want = softmax(scores)
-        bad = (isinstance(got, torch.Tensor) and got.is_floating_point()
-               and got.shape == want.shape and not torch.isfinite(got).all())
-        if bad and case.startswith("the scores [1000"):
-            raise ExerciseError("exp(1000) overflows to inf: subtract each row's "
-                                "largest score before taking exponentials")
-        if bad and case.startswith("a row whose"):
-            raise ExerciseError("a row whose scores are all -inf has nothing to attend "
-                                "to: its weights must be 0, not NaN")
-        _compare(got, want, "softmax", case, [
+    for scores, case in cases + [(torch.tensor(t).float(), f"the scores {t}")
+                                 for t in fixed]:
+        want, n, empty = softmax(scores), scores.dim(), scores[0].isneginf().all()
+        yield (scores,), case, want, [
+            (lambda w: "1000" in case and not w.flatten()[0].isfinite(), "exp(1000) "
+             "overflows to inf: subtract each row's largest score before exponentials"),
+            (lambda w: "[0, 1]]" in case and not (w[1] > 0).any(), lambda w: "your "
+             "softmax subtracted one maximum for the whole tensor: row 1 of the "
+             f"scores {case[11:]} came out {w[1].tolist()}, not [0.27, 0.73]"),
+            (lambda w: empty and w[0].isnan().any(), "a row whose scores are all -inf "
+             "has nothing to attend to: its weights must be 0, not NaN"),
+            (torch.full_like(want, 1 / 3).where(want == 0, want) if empty else None,
+             "your row of all -inf scores came out uniform (1/3 each): -inf means no "
+             "weight, so a row with nothing to attend to gets 0"),
+            (scores.log_softmax(-1), "you returned log-probabilities (log_softmax); "
+             "softmax returns the probabilities themselves"),
             *[(lambda w, d=d: bool(((w.sum(d) - 1).abs() < 1e-5).all()),
                f"you normalised along axis {d}; softmax runs over the last axis, so "
-               "that each row sums to 1") for d in range(scores.dim() - 1)],
+               "that each row sums to 1") for d in range(n - 1)],
+            (lambda w: n > 1 and abs(w.sum().item() - 1) < 1e-5, "you normalised over "
+             "the whole tensor; softmax makes each row (the last axis) sum to 1"),
             (lambda w: _same(w / w.sum(-1, keepdim=True), want, 1e-5),
-             "your weights are not normalised: divide by the row's sum"),
-        ])
-    _passed("softmax", len(cases))
+             "your weights are not normalised: divide by the row's sum")]
 
 # %% ../nbs/94_exercises.ipynb #2785f908
-@_own_randomness
-def check_embedding(fn) -> None:
+@_checker("embedding lookup")
+def check_embedding(fn):
     """Check `fn(ids, table)`: the rows of `table` `(V, C)` for token ids `(B, T)`,
     giving `(B, T, C)` (an embedding lookup)."""
     g = torch.Generator().manual_seed(1)
-    sizes = [(1, 1, 5, 3), (2, 7, 11, 4), (3, 2, 13, 1), (2, 0, 5, 3)]
-    for B, T, V, C in sizes:
+    for B, T, V, C in [(1, 1, 5, 3), (2, 7, 11, 4), (3, 2, 13, 1), (2, 0, 5, 3)]:
         ids = torch.randint(0, V, (B, T), generator=g)
         table = torch.randn(V, C, generator=g)
         case = f"ids of shape {(B, T)} and a ({V}, {C}) table"
-        got = _call(fn, "lookup", (ids, table), case)
-        _compare(got, table[ids], "lookup", case, [
+        yield (ids, table), case, table[ids], [
             (table[(ids + 1) % V], "your rows are one token off: id i reads row i"),
-        ])
-    _passed("embedding lookup", len(sizes))
+            (table[ids.flatten()], "you flattened the batch: the result keeps the "
+             "ids' shape, (B, T, C)"),
+            (table[ids.T], "your result is (T, B, C): keep the ids' shape, (B, T, C)"),
+            (torch.nn.functional.one_hot(ids, V), "you returned the one-hot vectors "
+             "(B, T, V); multiply them by the table to get the rows")]
 
 # %% ../nbs/94_exercises.ipynb #b37166a0
-@_own_randomness
-def check_projections(fn) -> None:
+@_checker("q, k, v projections")
+def check_projections(fn):
     """Check `fn(x, source, w_q, w_k, w_v)` → `(q, k, v)`: queries from `x`
     `(B, T, C)`, keys and values from `source` `(B, S, C)` (in self-attention the
     same tensor), with weight matrices `(C, D)` used as `x @ w`."""
     g = torch.Generator().manual_seed(2)
-    n = 0
-    for B, T, S, C, D in [(1, 3, 3, 4, 2), (2, 5, 7, 6, 3), (2, 1, 4, 5, 5)]:
+    for B, T, S, C, D in [(2, 1, 4, 5, 5), (1, 3, 3, 4, 2), (2, 5, 7, 6, 3)]:
         x, src = torch.randn(B, T, C, generator=g), torch.randn(B, S, C, generator=g)
         w = [torch.randn(C, D, generator=g) for _ in range(3)]
-        for source, kind in [(x, "self-attention"), (src, "cross-attention")]:
-            case = f"{kind}, x {(B, T, C)}, source {_shape(source)}, weights {(C, D)}"
-            got = _call(fn, "projection", (x, source, *w), case)
-            if not (isinstance(got, (tuple, list)) and len(got) == 3):
-                raise ExerciseError(f"your projection must return (q, k, v), on {case}")
-            for name, out, inp, wi in zip("qkv", got, [x, source, source], w):
-                other = source if inp is x else x
-                _compare(out, inp @ wi, name, case, [
-                    (other @ wi, f"your {name} comes from the wrong input: queries "
-                     "from x, keys and values from the source"),
-                ])
-            n += 1
-    _passed("q, k, v projections", n)
+        for s, kind in [(x, "self-attention"), (src, "cross-attention")]:
+            case = f"{kind}, x {(B, T, C)}, source {_shape(s)}, weights {(C, D)}"
+            wrong = {"q": [s @ w[0], x @ w[0].T if C == D else None, None],
+                     "k": [x @ w[1], s @ w[1].T if C == D else None, s @ w[2]],
+                     "v": [x @ w[2], s @ w[2].T if C == D else None, s @ w[1]]}
+            says = ["comes from the wrong input: queries from x, keys and values from "
+                    "the source", "used the weight transposed: the weights are (C, D), "
+                    "used as x @ w", "used the other weight: W_K and W_V are swapped"]
+            yield (x, s, *w), case, dict(q=x @ w[0], k=s @ w[1], v=s @ w[2]), {
+                n: [(a, f"your {n} {say}") for a, say in zip(m, says)]
+                for n, m in wrong.items()}
 
 # %% ../nbs/94_exercises.ipynb #2c339635
-@_own_randomness
-def check_attention(fn) -> None:
+@_checker("scaled dot-product attention")
+def check_attention(fn):
     """Check `fn(q, k, v, mask)` → the attention output `(..., T, Dv)` for queries
     `(..., T, D)`, keys `(..., S, D)`, values `(..., S, Dv)` and a boolean mask
     broadcasting to `(..., T, S)` (True = may attend) or None, against
     `attention.scaled_dot_product_attention`."""
-    g = torch.Generator().manual_seed(3)
-    sizes = [((), 3, 3, 4, 4, False), ((2,), 4, 6, 8, 3, True),
-             ((2, 3), 5, 5, 16, 7, True), ((1,), 1, 4, 2, 2, True)]
-    for lead, T, S, D, Dv, masked in sizes:
+    g, inf = torch.Generator().manual_seed(3), float("-inf")
+    sizes = [((), 3, 3, 4, 4), ((2,), 4, 6, 8, 3), ((2, 3), 5, 5, 16, 7),
+             ((1,), 1, 4, 2, 2)]
+    for lead, T, S, D, Dv in sizes:
         q = torch.randn(*lead, T, D, generator=g)
         k = torch.randn(*lead, S, D, generator=g)
         v = torch.randn(*lead, S, Dv, generator=g)
-        mask = None
+        mask, masked = None, bool(lead)
         if masked:
             mask = torch.rand(T, S, generator=g) < 0.6
             mask[:, 0] = True  # every query sees a key
-        case = (f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
-                + (f", a ({T}, {S}) mask" if masked else ", no mask"))
-        got = _call(fn, "attention", (q, k, v, mask), case)
-        want = scaled_dot_product_attention(q, k, v, mask)
+        scores = q @ k.transpose(-2, -1)  # (..., T, S)
 
-        def plain(scale, m=mask, dim=-1):  # a known mistake, written out
-            s = (q @ k.transpose(-2, -1)) * scale
-            if m is not None:
-                s = s.masked_fill(~m, float("-inf"))
+        def plain(scale=D ** -0.5, m=mask, dim=-1, fill=inf):  # a mistake, written out
+            s = scores * scale if m is None else (scores * scale).masked_fill(~m, fill)
             return s.softmax(dim) @ v
-        root = D ** -0.5
-        mistakes = [(plain(1.0), "your scores are not scaled: divide q·k by √D"),
-                    (plain(1 / D), "you divided the scores by D; divide by √D")]
-        if masked:
-            mistakes += [
-                (plain(root, None), "your output ignores the mask"),
-                (plain(root, ~mask), "your mask polarity is reversed: True means may "
-                 "attend, so fill the scores where the mask is False"),
-            ]
-            weights = (q @ k.transpose(-2, -1) * root).softmax(-1)
-            mistakes += [(weights.masked_fill(~mask, fill) @ v, "you masked after the "
-                          "softmax: fill the scores with -inf before it, so that the "
-                          "weights left sum to 1") for fill in (0.0, float("-inf"))]
-        mistakes.append((plain(root, dim=-2), "your softmax runs over the queries; "
-                         "each query's weights over the keys (the last axis) sum to 1"))
-        _compare(got, want, "attention", case, mistakes)
-    _passed("scaled dot-product attention", len(sizes))
+        weights = (scores * D ** -0.5).softmax(-1)
+        yield (q, k, v, mask), (f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}" + (
+            f", a ({T}, {S}) mask" if masked else ", no mask")), plain(), [
+            (plain(1.0), "your scores are not scaled: divide q·k by √D"),
+            (plain(1 / D), "you divided the scores by D; divide by √D"),
+            (plain(Dv ** -0.5), "you divided by √Dv, the width of the values; divide "
+             "by √D, the width of q and k"),
+            *([(plain(m=None), "your output ignores the mask"),
+               (plain(m=~mask), "your mask polarity is reversed: True means may "
+                "attend, so fill the scores where the mask is False"),
+               (plain(fill=0.0), "you filled the masked scores with 0, which still "
+                "gets weight: fill them with -inf"),
+               ((scores * D ** -0.5 + mask).softmax(-1) @ v, "you added the boolean "
+                "mask to the scores; fill the scores with -inf where it is False"),
+               *[(weights.masked_fill(~mask, fill) @ v, "you masked after the softmax: "
+                  "fill the scores with -inf before it, so that the weights left sum "
+                  "to 1") for fill in (0.0, inf)]] if masked else []),
+            (weights, "you returned the attention weights (..., T, S); multiply them "
+             "by v"),
+            (plain(dim=-2), "your softmax runs over the queries; each query's weights "
+             "over the keys (the last axis) sum to 1")]
 
 # %% ../nbs/94_exercises.ipynb #b1724daa
-@_own_randomness
-def check_split_heads(fn) -> None:
+@_checker("split heads")
+def check_split_heads(fn):
     """Check `fn(x, n_heads)`: `(B, T, C)` → `(B, H, T, C / H)`, head h holding the
     slice `h·D .. (h+1)·D - 1` of every token, against `multihead.split_heads`."""
     g = torch.Generator().manual_seed(4)
-    sizes = [(1, 3, 2, 2), (2, 5, 4, 3), (3, 1, 1, 8), (2, 4, 3, 1)]
-    for B, T, H, D in sizes:
+    for B, T, H, D in [(1, 3, 2, 2), (2, 5, 4, 3), (3, 1, 1, 8), (2, 4, 3, 1)]:
         x = torch.randn(B, T, H * D, generator=g)
-        case = f"x of shape {(B, T, H * D)} and {H} heads"
-        got = _call(fn, "split", (x, H), case)
-        _compare(got, split_heads(x, H), "split", case, [
+        yield (x, H), f"x of shape {(B, T, H * D)} and {H} heads", split_heads(x, H), [
             (x.reshape(B, H, T, D), "you reshaped to (B, H, T, D) directly, which "
              "mixes tokens into heads: reshape to (B, T, H, D), then swap T and H"),
             (x.view(B, T, D, H).permute(0, 3, 1, 2), "your heads take every H-th "
              "number; head h is the contiguous slice h·D .. (h+1)·D - 1"),
-        ])
-    _passed("split heads", len(sizes))
+            (x.view(B, T, H, D), "you split the last axis but kept (B, T, H, D): swap "
+             "T and H to get (B, H, T, D)"),
+            (split_heads(x, H).flatten(0, 1), "you merged B and H into one axis; "
+             "keep them apart, (B, H, T, D)")]
 
 # %% ../nbs/94_exercises.ipynb #97f4b02c
-@_own_randomness
-def check_feedforward(fn) -> None:
+@_checker("feed-forward", tol=1e-4)
+def check_feedforward(fn):
     """Check `fn(x, w1, b1, w2, b2)` = `GELU(x @ w1 + b1) @ w2 + b2` (exact GELU,
     row vectors: `w1` `(C, F)`, `w2` `(F, C)`)."""
-    g = torch.Generator().manual_seed(5)
-    gelu = torch.nn.functional.gelu
-    sizes = [((3,), 4, 16), ((2, 5), 6, 24), ((1, 1), 3, 5)]
-    for lead, C, F in sizes:
+    g, F = torch.Generator().manual_seed(5), torch.nn.functional
+    for lead, C, Fw in [((3,), 4, 16), ((2, 5), 6, 24), ((1, 1), 3, 5)]:
         x = torch.randn(*lead, C, generator=g)
-        w1, b1 = torch.randn(C, F, generator=g), torch.randn(F, generator=g)
-        w2, b2 = torch.randn(F, C, generator=g), torch.randn(C, generator=g)
-        case = f"x {(*lead, C)}, hidden width {F}"
-        got = _call(fn, "feed-forward", (x, w1, b1, w2, b2), case)
-        h = x @ w1 + b1
-        _compare(got, gelu(h) @ w2 + b2, "feed-forward", case, [
-            (gelu(h, approximate="tanh") @ w2 + b2, "you used GELU's tanh "
+        w1, b1 = torch.randn(C, Fw, generator=g), torch.randn(Fw, generator=g)
+        w2, b2 = torch.randn(Fw, C, generator=g), torch.randn(C, generator=g)
+        h, h0 = x @ w1 + b1, x @ w1
+        yield (x, w1, b1, w2, b2), f"x {(*lead, C)}, hidden width {Fw}", (
+            F.gelu(h) @ w2 + b2), [
+            (F.gelu(h, approximate="tanh") @ w2 + b2, "you used GELU's tanh "
              "approximation; this exercise asks for the exact (erf) GELU"),
             (torch.relu(h) @ w2 + b2, "you used ReLU; this exercise asks for GELU"),
+            (F.silu(h) @ w2 + b2, "you used SiLU; this exercise asks for GELU"),
             (h @ w2 + b2, "there is no activation between the two layers"),
-            (gelu(x @ w1) @ w2 + b2, "you left out the first layer's bias b1"),
-            (gelu(h) @ w2, "you left out the second layer's bias b2"),
-            (gelu(x @ w1) @ w2, "you left out both biases, b1 and b2"),
-        ], tol=1e-4)
-    _passed("feed-forward", len(sizes))
+            (F.gelu(F.gelu(h) @ w2 + b2), "you applied GELU to the output too; only "
+             "the hidden layer has one"),
+            ((F.gelu(h0) + b1) @ w2 + b2, "you added b1 after GELU; it goes inside, "
+             "GELU(x @ w1 + b1)"),
+            (F.gelu(h0) @ w2 + b2, "you left out the first layer's bias b1"),
+            (F.gelu(h) @ w2, "you left out the second layer's bias b2"),
+            (F.gelu(h0) @ w2, "you left out both biases, b1 and b2")]
 
 # %% ../nbs/94_exercises.ipynb #06f6a764
-@_own_randomness
-def check_rope(fn) -> None:
+@_checker("rotary embedding", tol=1e-4)
+def check_rope(fn):
     """Check `fn(x, positions)`: queries or keys `(..., T, D)` rotated for their
     positions `(T,)` with base 10000, pairing the two halves (x_i, x_{i+D/2}), against
     `positions.RotaryEmbedding`."""
     g = torch.Generator().manual_seed(6)
-    sizes = [((), 3, 2), ((2,), 5, 8), ((2, 3), 4, 6), ((1,), 1, 16)]
-    for n, (lead, T, D) in enumerate(sizes):
+    for n, (lead, T, D) in enumerate([((), 3, 2), ((2,), 5, 8), ((2, 3), 4, 6),
+                                      ((1,), 1, 16)]):
         x = torch.randn(*lead, T, D, generator=g)
         pos = torch.arange(T) + (0 if n % 2 else 3)  # not always from 0
-        case = f"x {(*lead, T, D)} at positions {pos.tolist()}"
-        got = _call(fn, "rotation", (x, pos), case)
         rot = RotaryEmbedding(D, max_len=64)
         cos, sin = rot.angles(pos)
-        _compare(got, rot(x, pos), "rotation", case, [
+        step = "position m turns by m·θ_i"
+        yield (x, pos), f"x {(*lead, T, D)} at positions {pos.tolist()}", rot(x, pos), [
+            (rot(x, torch.arange(T)), f"your rotation ignores `positions` (here from "
+             f"{pos[0].item()}): the token at position m turns by m·θ_i, whatever "
+             "its index in x"),
+            (x, f"your output is x, not rotated: {step}"),
             (RotaryEmbedding(D, 64, interleaved=True)(x, pos), "you rotated "
              "neighbouring pairs (x0, x1), (x2, x3), ...; this exercise pairs the "
              "halves, (x_i, x_{i+D/2})"),
-            (rot(x, pos + 1), "your rotation is one position ahead: position m turns "
-             "by m·θ_i"),
-            (rot(x, pos - 1) if pos.min() > 0 else x, "your rotation is one position "
-             "behind: position m turns by m·θ_i"),
+            (rot(x, pos + 1), f"your rotation is one position ahead: {step}"),
+            (rot(x, pos - 1) if pos.min() > 0 else None,
+             f"your rotation is one position behind: {step}"),
             (rot.rotate(x, (cos, -sin)), "you rotated the wrong way (sin with the "
              "wrong sign)"),
             *[(RotaryEmbedding(D, 64, base=b)(x, pos), "your frequencies have the "
                "wrong exponent: pair i = 0 .. D/2 - 1 turns by θ_i = 10000^(-2i/D)")
-              for b in (100.0, 1e8)],  # 10000^(-i/D), 10000^(-4i/D)
-        ], tol=1e-4)
-    _passed("rotary embedding", len(sizes))
+              for b in (100.0, 1e8)]]  # 10000^(-i/D), 10000^(-4i/D)
 
 # %% ../nbs/94_exercises.ipynb #7446bdf0
-@_own_randomness
-def check_causal_mask(fn) -> None:
+@_checker("causal mask")
+def check_causal_mask(fn):
     """Check `fn(T, S)`: the `(T, S)` boolean causal mask (True = may attend) for the
     last `T` of `S` positions, aligned bottom-right, against `masks.causal_mask`."""
-    sizes = [(3, 3), (2, 5), (4, 4), (1, 4), (3, 7), (1, 1)]
-    for T, S in sizes:
-        case = f"T = {T}, S = {S}"
-        got = _call(fn, "mask", (T, S), case)
-        want = causal_mask(T, S)
-        ones = torch.ones(T, S, dtype=torch.bool)
-        _compare(got, want, "mask", case, [
+    for T, S in [(3, 3), (2, 5), (4, 4), (1, 4), (3, 7), (1, 1)]:
+        want, ones = causal_mask(T, S), torch.ones(T, S, dtype=torch.bool)
+        see = "query i may attend to keys up to and including its own position"
+        yield (T, S), f"T = {T}, S = {S}", want, [
             (~want, "your mask polarity is reversed: True means may attend"),
             (ones.tril(), "your mask is aligned top-left: the T queries are the last T "
              "of the S positions, so the last query sees every key"),
-            (ones.tril(S - T - 1), "your queries do not see their own position (the "
-             "diagonal): query i may attend to keys up to and including its own"),
+            (ones.tril(S - T - 1), f"your queries do not see their own position (the "
+             f"diagonal): {see}"),
             (ones.triu(S - T), "you kept the future and dropped the past: use the "
              "lower triangle"),
-            (ones.tril(S - T + 1), "your queries see one position ahead: query i may "
-             "attend to keys up to and including its own position, not the next"),
-        ])
-    _passed("causal mask", len(sizes))
+            (ones.tril(S - T + 1), f"your queries see one position ahead: {see}"),
+            (causal_mask(T), "your mask is (T, T); it needs one column per key, "
+             "(T, S)"),
+            (causal_mask(S), "you built the (S, S) mask; the T queries are its last T "
+             "rows")]
 
 # %% ../nbs/94_exercises.ipynb #940d200f
-@_own_randomness
-def check_layer_norm(fn) -> None:
+@_checker("layer norm", tol=1e-4)
+def check_layer_norm(fn):
     """Check `fn(x, eps)`: each vector of `x` `(..., C)` minus its mean, divided by
     √(variance + eps) (no learned scale or shift), against `F.layer_norm`."""
     g = torch.Generator().manual_seed(7)
-    sizes = [((3,), 4), ((2, 5), 6), ((1, 1), 3), ((4,), 64)]
-    for lead, C in sizes:
+    for lead, C in [((3,), 4), ((2, 5), 6), ((1, 1), 3), ((4,), 64)]:
         x = torch.randn(*lead, C, generator=g) * 2 + 1
         eps = 1e-5 if C > 4 else 0.5  # a large eps shows where it is added
-        case = f"x of shape {(*lead, C)}, eps = {eps}"
-        got = _call(fn, "layer norm", (x, eps), case)
-        mu = x.mean(-1, keepdim=True)
-        var = x.var(-1, keepdim=True, unbiased=False)
-        mistakes = [
+        mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+        yield (x, eps), f"x of shape {(*lead, C)}, eps = {eps}", (
+            torch.nn.functional.layer_norm(x, (C,), eps=eps)), [
             ((x - mu) / (x.var(-1, keepdim=True) + eps).sqrt(), "you used the unbiased "
              "variance (divided by C - 1); layer norm divides by C"),
+            ((x - mu) / var.sqrt(), "you left out eps: divide by √(variance + eps)"),
             ((x - mu) / (var.sqrt() + eps), "you added eps to the standard deviation; "
              "it goes inside the square root, with the variance"),
+            ((x - mu) / (var + eps), "you divided by the variance; divide by its "
+             "square root, √(variance + eps)"),
+            (x / (var + eps).sqrt(), "you did not subtract the mean"),
             (x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt(), "that is RMSNorm: "
              "layer norm subtracts each vector's mean first"),
-        ]
-        if lead[0] > 1:
-            m0, v0 = x.mean(0, keepdim=True), x.var(0, keepdim=True, unbiased=False)
-            mistakes.append(((x - m0) / (v0 + eps).sqrt(), "you normalised over the "
-                             "first axis; layer norm works on each vector (the last)"))
-        want = torch.nn.functional.layer_norm(x, (C,), eps=eps)
-        _compare(got, want, "layer norm", case, mistakes, tol=1e-4)
-    _passed("layer norm", len(sizes))
+            ((x - x.mean()) / (x.var(unbiased=False) + eps).sqrt() if x.numel() > C
+             else None, "you normalised over the whole tensor; layer norm works on "
+             "each vector (the last axis)"),
+            ((x - x.mean(0)) / (x.var(0, unbiased=False) + eps).sqrt() if lead[0] > 1
+             else None, "you normalised over the first axis; layer norm works on each "
+             "vector (the last)")]
 
 # %% ../nbs/94_exercises.ipynb #8ba6dfb9
-@_own_randomness
-def check_cache_step(fn) -> None:
-    """Check `fn(k_cache, v_cache, q, k, v)` → `(out, k_cache, v_cache)`: one decoding
-    step with a KV cache. The caches `(B, H, P, D)` hold the P past positions; the new
-    token's `q, k, v` are `(B, H, 1, D)`; the step appends `k, v` to the caches and
-    attends from `q` to all P + 1 keys (no mask)."""
+@_checker("KV-cache step")
+def check_cache_step(fn):
+    """Check `fn(k_cache, v_cache, q, k, v)` → `(out, k_cache, v_cache)`, a decoding
+    step: caches `(B, H, P, D)` of P past positions, the new token's `q, k, v`
+    `(B, H, 1, D)`; append `k, v` to the caches, attend from `q` to all P + 1 keys."""
     g = torch.Generator().manual_seed(8)
-    sizes = [(1, 1, 0, 4), (1, 2, 3, 4), (2, 3, 5, 8), (2, 1, 1, 2)]
-    for B, H, P, D in sizes:
+    for B, H, P, D in [(1, 1, 0, 4), (1, 2, 3, 4), (2, 3, 5, 8), (2, 1, 1, 2)]:
         kc, vc = (torch.randn(B, H, P, D, generator=g) for _ in range(2))
         q, k, v = (torch.randn(B, H, 1, D, generator=g) for _ in range(3))
-        case = f"{P} cached positions, caches {(B, H, P, D)}"
-        got = _call(fn, "cache step", (kc, vc, q, k, v), case)
-        if not (isinstance(got, (tuple, list)) and len(got) == 3):
-            raise ExerciseError("your cache step must return (out, k_cache, v_cache), "
-                                f"on {case}")
         K, V = torch.cat([kc, k], -2), torch.cat([vc, v], -2)
-        order = ("you put the new position before the past ones: the cache keeps "
-                 "positions in order, the newest last")
-        _compare(got[1], K, "new key cache", case, [(torch.cat([k, kc], -2), order)])
-        _compare(got[2], V, "new value cache", case, [(torch.cat([v, vc], -2), order)])
-        past = [(scaled_dot_product_attention(q, kc, vc), "your step attends only to "
-                 "the past: append the new key and value before attending")]
-        want = scaled_dot_product_attention(q, K, V)
-        _compare(got[0], want, "output", case, past if P else [])
-    _passed("KV-cache step", len(sizes))
+        att = lambda kk, vv, s=D ** -0.5, d=-1: (q @ kk.mT * s).softmax(d) @ vv
+        caches = {name: [(torch.cat([new, old], -2), "you put the new position before "
+                          "the past ones; the cache keeps the newest last"),
+                         (old, f"you returned the old {name}: append the new position"),
+                         (other, f"you returned the other cache as your {name}")]
+                  for name, old, new, other in [("k_cache", kc, k, V),
+                                                ("v_cache", vc, v, K)]}
+        yield (kc, vc, q, k, v), f"{P} cached positions, caches {(B, H, P, D)}", dict(
+            out=scaled_dot_product_attention(q, K, V), k_cache=K, v_cache=V), dict(
+            out=[(att(kc, vc) if P else None, "your step attends only to the past: "
+                  "append the new key and value before attending"),
+                 (v, "your output is the new value v: attend to all P + 1 positions"),
+                 (att(K, V, 1.0), "your scores are not scaled: divide q·k by √D"),
+                 (att(K, V, 1 / D), "you divided the scores by D; divide by √D"),
+                 (att(K, V, d=-2), "your softmax runs over axis -2, the one query; the "
+                  "weights over the P + 1 keys (the last axis) sum to 1")], **caches)
 
 # %% ../nbs/94_exercises.ipynb #c1372de0
-@_own_randomness
-def check_parameter_count(fn) -> None:
-    """Check `fn(vocab_size, max_len, d_model, n_layers)`: the number of parameters of a
-    GPT-2-style `GPT` (learned positions, biases, layer norms, feed-forward width
-    4·d_model, tied head), against `count_parameters` of one built on the meta
-    device (no memory)."""
-    sizes = [(100, 16, 8, 1), (50257, 1024, 768, 12), (7, 3, 4, 2), (1000, 64, 32, 3)]
-    for V, T, C, L in sizes:
-        case = f"vocab {V}, max_len {T}, d_model {C}, {L} layer(s)"
-        got = _call(fn, "count", (V, T, C, L), case)
+@_checker("parameter count")
+def check_parameter_count(fn):
+    """Check `fn(vocab_size, max_len, d_model, n_layers)`: the parameters of a GPT-2
+    style `GPT` (learned positions, biases, layer norms, feed-forward 4·d_model wide,
+    tied head), against `count_parameters` of one built on the meta device."""
+    for V, T, C, L in [(1000, 64, 32, 3), (100, 16, 8, 1), (50257, 1024, 768, 12),
+                       (7, 3, 4, 2)]:
         with torch.device("meta"):
             model = GPT(GPTConfig(vocab_size=V, max_len=T, d_model=C, n_heads=1,
                                   n_layers=L, d_ff=4 * C, activation="gelu_tanh"))
-        want = count_parameters(model)
-        if not isinstance(got, int) or isinstance(got, bool):
-            raise ExerciseError(f"your count returned a {type(got).__name__}, not an "
-                                f"int, on {case}")
-        layer = 12 * C * C + 13 * C
-        hints = {want + V * C: "you counted the output head; it is tied to the token "
-                               "embedding (one matrix, counted once)",
-                 want - T * C: "you left out the learned positions (max_len·C)",
-                 want - 2 * C: "you left out the final norm (2·C)",
-                 want - L * 4 * C: "you left out the layer norms (4·C per layer)",
-                 want - L * (layer - 12 * C * C) - 2 * C: "you left out the biases and "
-                 "the norms' scale and shift"}
-        if got != want:
-            raise ExerciseError(hints.get(got, f"your count is {got:,}; the model has "
-                                               f"{want:,}") + f" (on {case})")
-    _passed("parameter count", len(sizes))
+        want, layer = count_parameters(model), 12 * C * C + 13 * C
+        case, out = f"vocab {V}, max_len {T}, d_model {C}, {L} layer(s)", "you left out"
+        yield (V, T, C, L), case, want, [
+            (want + V * C, "you counted the output head; it is tied to the token "
+             "embedding (one matrix, counted once)"),
+            (want - V * C, f"{out} the token embedding (vocab_size·C)"),
+            (want - T * C, f"{out} the learned positions (max_len·C)"),
+            (want - 2 * C, f"{out} the final norm (2·C)"),
+            (want - L * 4 * C, f"{out} the layer norms (4·C per layer)"),
+            (want - L * 9 * C, f"{out} the biases (9·C per layer: 4·C in attention, "
+             "5·C in the feed-forward)"),
+            (want - L * 13 * C - 2 * C, f"{out} biases and norms (13·C a layer, 2·C)"),
+            (want - L * (C * C + C), f"{out} attention's output projection (C·C + C)"),
+            (want - L * (6 * C * C + 3 * C), "your feed-forward is d_model wide; it is "
+             "4·d_model"),
+            (want - (L - 1) * layer, "you counted one layer; there are n_layers")]
 
 # %% ../nbs/94_exercises.ipynb #53ac5648
-@_own_randomness
-def check_top_p(fn) -> None:
+@_checker("top-p filter")
+def check_top_p(fn):
     """Check `fn(logits, p)`: the scores `(B, V)` with -inf for every token outside the
     nucleus — in each row, the fewest most likely tokens whose softmax probabilities
     add up to at least `p` (`0 < p < 1`) — against `generation.top_p_filter`."""
-    g = torch.Generator().manual_seed(12)
+    g, inf = torch.Generator().manual_seed(12), -torch.inf
     chapter = torch.tensor([[3.0, 2.2, 1.5, 1.0, 0.2, -0.5, -1.0, -2.0]])
-    cases = [(chapter, 0.8), (chapter, 0.5)]
-    for (B, V), p in [((3, 11), 0.5), ((2, 50), 0.9), ((4, 6), 0.05), ((2, 1), 0.3)]:
-        cases.append((torch.randn(B, V, generator=g) * 2, p))
+    cases = [(chapter, 0.8), (chapter, 0.5)] + [(torch.randn(B, V, generator=g) * 2, p)
+        for (B, V), p in [((3, 11), .5), ((2, 50), .9), ((4, 6), .05), ((2, 1), .3)]]
     top_k = torch.randn(2, 9, generator=g)
-    cases.append((top_k.masked_fill(top_k < top_k.topk(4).values[:, -1:], -torch.inf),
+    cases.append((top_k.masked_fill(top_k < top_k.topk(4).values[:, -1:], inf),
                   0.7))  # scores that top-k has already cut
     for logits, p in cases:
-        case = f"logits {_shape(logits)}, p = {p}"
-        got = _call(fn, "top-p filter", (logits, p), case)
-        want = top_p_filter(logits, p)
-        probs = logits.softmax(-1)
-        in_order = probs.cumsum(-1) - probs < p  # summed in token order
-        sure = probs.sort(-1, descending=True)
+        want, probs = top_p_filter(logits, p), logits.softmax(-1)
+        sure, ranked = probs.sort(-1, descending=True), logits.sort(-1, descending=True)
         first = sure.values.cumsum(-1) - sure.values < p  # the nucleus, sorted
-        within = torch.zeros_like(probs, dtype=torch.bool).scatter(
-            -1, sure.indices, sure.values.cumsum(-1) <= p)  # stops short of p
-        ranked = logits.sort(-1, descending=True)
-        scores = torch.zeros_like(probs, dtype=torch.bool).scatter(
-            -1, ranked.indices, ranked.values.cumsum(-1) - ranked.values < p)
-        _compare(got, want, "top-p filter", case, [
+        kept = lambda keep, order=sure.indices: logits.masked_fill(  # the scores where
+            ~torch.zeros_like(keep).scatter(-1, order, keep), inf)  # `keep`, in `order`
+        yield (logits, p), f"logits {_shape(logits)}, p = {p}", want, [
+            (lambda w: w.dtype == torch.bool, "you returned a boolean mask of the kept "
+             "tokens; return the scores, with -inf where the mask is False"),
             (want.softmax(-1), "you returned probabilities; return the scores, with "
                                "-inf for every token outside the nucleus"),
-            (want.masked_fill(want == -torch.inf, 0.0), "you set the dropped scores to "
+            (want.masked_fill(want == inf, 0.0), "you set the dropped scores to "
              "0; they must be -inf, so that softmax gives them probability 0"),
-            (logits.masked_fill(~within, -torch.inf), "you kept only the tokens whose "
+            (lambda w: _same(w.masked_fill(w < -1e8, inf), want, 1e-5), "you set the "
+             "dropped scores to a large negative number; use -inf"),
+            (kept(sure.values.cumsum(-1) <= p), "you kept only the tokens whose "
              "running sum stays within p; the nucleus also keeps the token that "
              "reaches p"),
-            (logits.masked_fill(~in_order, -torch.inf), "you added up the "
-             "probabilities in token order; add them from the most likely token down"),
-            (logits.masked_fill(~scores, -torch.inf), "you added up the scores; add up "
-             "their softmax probabilities"),
-            *[(kept, "you left the nucleus in sorted order: scatter it back to token "
-               "order with the indices that sort returned") for kept in (
-                logits.masked_fill(~first, -torch.inf),
-                logits.gather(-1, sure.indices).masked_fill(~first, -torch.inf))]])
-    _passed("top-p filter", len(cases))
+            (kept(probs.cumsum(-1) - probs < p, torch.arange(logits.shape[-1]).expand(
+                logits.shape)), "you added up the probabilities in token order; add "
+             "them from the most likely token down"),
+            (kept(ranked.values.cumsum(-1) - ranked.values < p, ranked.indices),
+             "you added up the scores; add up their softmax probabilities"),
+            *[(k, "you left the nucleus in sorted order: scatter it back to token "
+               "order with the indices that sort returned") for k in (
+                logits.masked_fill(~first, inf),
+                logits.gather(-1, sure.indices).masked_fill(~first, inf))]]
 
 # %% ../nbs/94_exercises.ipynb #7242792e
-@_own_randomness
-def check_next_token_loss(fn) -> None:
+@_checker("next-token loss", tol=1e-4)
+def check_next_token_loss(fn):
     """Check `fn(logits, ids)`: the language-modelling loss of logits `(B, T, V)` for
     the token ids `(B, T)` they were computed from — the mean cross-entropy of each
     position's logits against the NEXT token — against `training.sequence_loss`."""
-    g = torch.Generator().manual_seed(10)
-    sizes = [(1, 2, 3), (2, 5, 7), (3, 9, 11), (1, 17, 5)]
-    for B, T, V in sizes:
+    g, ce = torch.Generator().manual_seed(10), torch.nn.functional.cross_entropy
+    for B, T, V in [(1, 2, 3), (2, 5, 7), (3, 9, 11), (1, 17, 5)]:
         logits = torch.randn(B, T, V, generator=g) * 2
         ids = torch.randint(0, V, (B, T), generator=g)
-        case = f"logits {(B, T, V)}"
-        got = _call(fn, "loss", (logits, ids), case)
-        want = sequence_loss(logits[:, :-1], ids[:, 1:])
-        ce = torch.nn.functional.cross_entropy
-        _compare(got, want, "loss", case, [
+        guess, target = logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)
+        yield (logits, ids), f"logits {(B, T, V)}", sequence_loss(guess, target), [
             (sequence_loss(logits, ids), "you scored each position on its own token: "
              "position t predicts token t + 1 (drop the last logits, the first ids)"),
             (sequence_loss(logits[:, 1:], ids[:, :-1]), "you shifted the wrong way: "
              "the logits at t predict the id at t + 1"),
-            (ce(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1), reduction="sum"),
-             "you summed the losses; take their mean over the predicted positions"),
-        ], tol=1e-4)
-    _passed("next-token loss", len(sizes))
+            (sequence_loss(logits[:, :-1], ids[:, :-1]), "you dropped the last logits "
+             "but not the first ids: the logits at t predict the id at t + 1"),
+            (sequence_loss(logits[:, 1:], ids[:, 1:]), "you dropped the first ids but "
+             "not the last logits: the logits at t predict the id at t + 1"),
+            (ce(guess, target, reduction="sum"), "you summed the losses; take their "
+             "mean over the predicted positions"),
+            (lambda w: _same(w.flatten(), ce(guess, target, reduction="none"), 1e-4),
+             "you returned one loss per position; return their mean, one number"),
+            (ce(guess.softmax(-1), target), "you applied softmax before "
+             "cross_entropy, which takes the raw logits"),
+            (-sequence_loss(guess, target), "your loss is negative: cross-entropy is "
+             "the mean of -log p(next token)")]
 
 # %% ../nbs/94_exercises.ipynb #821c5df1
-@_own_randomness
-def check_shard(fn) -> None:
+@_checker("shard")
+def check_shard(fn):
     """Check `fn(batch, rank, world_size)`: this rank's rows of a global batch whose
     first dimension divides evenly — rank r keeps rows `r·b .. (r+1)·b - 1`,
     `b = B / world_size` — against `distributed.shard_batch`."""
-    sizes = [(8, 0, 2), (8, 1, 2), (12, 2, 3), (5, 0, 1), (6, 5, 6)]
-    for B, rank, world in sizes:
-        batch = torch.arange(B * 3).view(B, 3)
-        case = f"a batch of {B} rows, rank {rank} of {world}"
-        got = _call(fn, "shard", (batch, rank, world), case)
-        b = B // world
-        _compare(got, shard_batch(batch, rank, world), "shard", case, [
+    for B, rank, world in [(8, 0, 2), (8, 1, 2), (12, 2, 3), (5, 0, 1), (6, 5, 6)]:
+        batch, b = torch.arange(B * 3).view(B, 3), B // world
+        yield (batch, rank, world), f"a batch of {B} rows, rank {rank} of {world}", (
+            shard_batch(batch, rank, world)), [
             (batch[rank::world], "you dealt the rows round-robin; each rank keeps one "
              "contiguous block, rows r·b .. (r+1)·b - 1"),
             (batch[(rank + 1) * b: (rank + 2) * b], "your block is one rank off: rank "
              "r starts at row r·b"),
-        ])
-    _passed("shard", len(sizes))
+            (batch[(rank - 1) * b: rank * b], "your block is one rank behind: ranks "
+             "count from 0, and rank r starts at row r·b"),
+            (batch[rank * world: (rank + 1) * world], "your block has world_size rows; "
+             "each rank keeps b = B / world_size"),
+            (batch, "you returned the whole batch; each rank keeps its B / world_size "
+             "rows")]
 
 # %% ../nbs/94_exercises.ipynb #b359c05b
-@_own_randomness
-def check_mean_pool(fn) -> None:
+@_checker("mean pooling")
+def check_mean_pool(fn):
     """Check `fn(hidden, mask)`: one vector per text from an encoder's vectors
     `(B, T, C)` — the average over the real tokens (`mask` `(B, T)`, True = real),
     scaled to length 1 — against `model.mean_pool`."""
-    g = torch.Generator().manual_seed(11)
-    sizes = [(1, 3, 4), (3, 6, 5), (2, 1, 8)]
-    for B, T, C in sizes:
+    g, unit = torch.Generator().manual_seed(11), torch.nn.functional.normalize
+    for B, T, C in [(1, 3, 4), (3, 6, 5), (2, 1, 8)]:
         hidden = torch.randn(B, T, C, generator=g)
         mask = torch.ones(B, T, dtype=torch.bool)
         if T > 1:
             mask[-1, T // 2:] = False  # the last text is padded
-        case = f"hidden {(B, T, C)}, {int((~mask).sum())} padded position(s)"
-        got = _call(fn, "pooling", (hidden, mask), case)
-        normalize = torch.nn.functional.normalize
-        _compare(got, mean_pool(hidden, mask), "pooling", case, [
-            (normalize(hidden.mean(1), dim=-1), "you averaged the padding too: "
-             "average only the positions where the mask is True"),
+        flip = mean_pool(hidden, ~mask)[-1]
+        yield (hidden, mask), (f"hidden {(B, T, C)}, {int((~mask).sum())} padded "
+                               "position(s)"), mean_pool(hidden, mask), [
+            (unit(hidden.mean(1), dim=-1), "you averaged the padding too: average only "
+             "the positions where the mask is True"),
             (mean_pool(hidden, mask, normalize=False), "your vectors are not scaled to "
              "length 1"),
-            (normalize(hidden[:, 0], dim=-1), "you took the first token's vector; "
-             "this pooling averages all real tokens"),
-        ])
-    _passed("mean pooling", len(sizes))
+            (unit(hidden[:, 0], dim=-1), "you took the first token's vector; this "
+             "pooling averages all real tokens"),
+            (unit(hidden[:, -1], dim=-1), "you took the last position's vector; this "
+             "pooling averages all real tokens"),
+            (unit(hidden.masked_fill(~mask[..., None], -torch.inf).amax(1), dim=-1),
+             "you took the largest value of each feature; this pooling averages"),
+            (mean_pool(unit(hidden, dim=-1), mask), "you scaled each token to length 1 "
+             "before averaging; scale the average"),
+            (lambda w: T > 1 and _same(w[-1], flip, 1e-5), "you averaged the padding "
+             "alone: True in the mask marks the real tokens")]
 
 # %% ../nbs/94_exercises.ipynb #b1d934a0
-@_own_randomness
-def check_q8_0(fn) -> None:
+@_checker("Q8_0 dequantisation", tol=1e-6)
+def check_q8_0(fn):
     """Check `fn(raw)`: GGUF's Q8_0 blocks dequantised. `raw` is a uint8 tensor of
     34-byte blocks, each a float16 scale d then 32 signed bytes q; the block's numbers
     are d·q, float32, `(32 · blocks,)`. Against the `gguf` package's dequantiser."""
     import gguf  # (the chapters' extra: the real model's file format)
-    import numpy as np
     g = torch.Generator().manual_seed(12)
     for blocks in (1, 2, 5):
         d = (torch.rand(blocks, generator=g) * 0.1 + 0.001).half()
@@ -552,50 +573,46 @@ def check_q8_0(fn) -> None:
         q[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)  # the extremes
         raw = torch.cat([d.view(torch.uint8).view(blocks, 2), q.view(torch.uint8)], 1)
         raw = raw.flatten()
-        case = f"{blocks} block(s), {raw.numel()} bytes"
-        got = _call(fn, "dequantiser", (raw,), case)
         want = torch.from_numpy(gguf.quants.dequantize(
-            raw.numpy(), gguf.GGMLQuantizationType.Q8_0).astype(np.float32))
-        scale = d.float()[:, None]
-        _compare(got, want, "dequantiser", case, [
-            ((scale * q.view(torch.uint8).float()).flatten(), "you read the 32 numbers "
-             "as unsigned bytes (0..255); they are signed (-128..127)"),
+            raw.numpy(), gguf.GGMLQuantizationType.Q8_0).astype("float32"))
+        yield (raw,), f"{blocks} block(s), {raw.numel()} bytes", want, [
+            ((d.float()[:, None] * q.view(torch.uint8).float()).flatten(), "you read "
+             "the 32 numbers as unsigned bytes (0..255); they are signed (-128..127)"),
             (q.float().flatten(), "you left out the scale: each number is d·q"),
-        ], tol=1e-6)
-    _passed("Q8_0 dequantisation", 3)
+            ((d.view(torch.bfloat16).float()[:, None] * q).flatten(), "you read the "
+             "scale as bfloat16; it is float16"),
+            (want.view(blocks, 32), "you returned (blocks, 32); flatten to one row of "
+             "32 · blocks numbers"),
+            (lambda w: w.dtype == torch.float16, "your numbers are float16; compute "
+             "d·q in float32")]
 
 # %% ../nbs/94_exercises.ipynb #150c892e
-@_own_randomness
-def check_lora(fn) -> None:
+@_checker("LoRA layer", tol=1e-4)
+def check_lora(fn):
     """Check `fn(x, weight, bias, A, B, alpha)` = `x Wᵀ + b + (alpha / r) x Aᵀ Bᵀ`,
     a LoRA layer on a frozen linear layer (`weight` `(out, in)`, `A` `(r, in)`,
     `B` `(out, r)`), against `lora.LoRALinear`."""
     g = torch.Generator().manual_seed(9)
-    sizes = [((3,), 4, 5, 1, 1.0), ((2, 6), 8, 8, 2, 16.0), ((1,), 7, 5, 4, 8.0)]
-    for lead, d_in, d_out, r, alpha in sizes:
+    for lead, d_in, d_out, r, alpha in [((3,), 4, 5, 1, 1.0), ((2, 6), 8, 8, 2, 16.0),
+                                        ((1,), 7, 5, 4, 8.0)]:
         base = torch.nn.Linear(d_in, d_out)
         layer = LoRALinear(base, r=r, alpha=alpha)
-        with torch.no_grad():
-            for t in (base.weight, base.bias, layer.A, layer.B):
-                t.copy_(torch.randn(t.shape, generator=g))
+        W, b, A, B = (t.detach() for t in (base.weight, base.bias, layer.A, layer.B))
+        for t in (W, b, A, B):  # (their storage is the layer's)
+            t.copy_(torch.randn(t.shape, generator=g))
         x = torch.randn(*lead, d_in, generator=g)
-        case = (f"x {(*lead, d_in)}, a ({d_out}, {d_in}) layer, r = {r}, "
-                f"alpha = {alpha:g}")
-        tensors = [t.detach() for t in (base.weight, base.bias, layer.A, layer.B)]
-        got = _call(fn, "LoRA layer", (x, *tensors, alpha), case)
         with torch.no_grad():
-            want, y0, b = layer(x), base(x), base.bias
-            update = x @ layer.A.T @ layer.B.T
-        mistakes = [
-            (update * alpha / r, "your output lacks the frozen layer's own x Wᵀ + b"),
+            want, y0, up = layer(x), base(x), x @ A.T @ B.T
+        yield (x, W, b, A, B, alpha), (f"x {(*lead, d_in)}, a ({d_out}, {d_in}) layer, "
+                                     f"r = {r}, alpha = {alpha:g}"), want, [
+            *([(y0 + alpha * up, "you scaled the update by alpha; LoRA scales it by "
+                "alpha / r")] if r > 1 else []),  # (with r = 1 the two agree)
+            (up * alpha / r, "your output lacks the frozen layer's own x Wᵀ + b"),
             (y0, "your output has no update: add (alpha / r) x Aᵀ Bᵀ"),
             (want - b, "you left out the frozen layer's bias b"),
-        ]
-        if r > 1:  # (with r = 1 the two scalings agree)
-            mistakes.insert(0, (y0 + alpha * update, "you scaled the update by alpha; "
-                                "LoRA scales it by alpha / r"))
-        if r != alpha:  # (with r = alpha the two scalings agree)
-            mistakes.append((y0 + r / alpha * update, "you swapped r and alpha: LoRA "
-                             "scales the update by alpha / r, not r / alpha"))
-        _compare(got, want, "LoRA layer", case, mistakes, tol=1e-4)
-    _passed("LoRA layer", len(sizes))
+            (y0 + r / alpha * up if r != alpha else None, "you swapped r and alpha: "
+             "LoRA scales the update by alpha / r, not r / alpha"),
+            (y0 + alpha / r ** 0.5 * up if r > 1 else None, "you scaled the update by "
+             "alpha / √r (rsLoRA); this exercise scales it by alpha / r"),
+            ((y0 + up) * alpha / r if r != alpha else None, "you scaled the frozen "
+             "layer's output too; only the update is scaled by alpha / r")]

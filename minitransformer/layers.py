@@ -31,7 +31,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         half = x.dtype in (torch.float16, torch.bfloat16)
-        xf = x.float() if half else x  # squares summed in float32, not in 8 bits
+        xf = x.float() if half else x  # squares summed in float32, not in 16 bits
         x_hat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x_hat * self.weight.to(xf.dtype)).to(x.dtype)
 

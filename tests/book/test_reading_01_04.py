@@ -140,3 +140,49 @@ def test_chapter_4_makes_one_full_pass_and_sketches_it_before_the_scale_experime
         assert "hide-cell" in cell["metadata"].get("tags", []), name
     checks = [t for t in texts[export:] if "attention_sketch(" in t]
     assert any("attention_with_weights" in t for t in checks)
+
+
+def test_chapter_2_sketches_the_tokenizer_and_the_table_before_the_package_classes():
+    "A plain tokenizer and embedding come first; the package's classes are folded after."
+    import sys
+    from helpers import ROOT, cell_printed, defining_cell
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import reading_path
+    cells = _cells("02_embeddings")
+    s = defining_cell(cells, "TokenizerSketch", exported=False)
+    assert s == defining_cell(cells, "EmbeddingSketch", exported=False)
+    assert reading_path.measure(ROOT / "nbs" / "02_embeddings.ipynb")["sketch_first"]
+    assert "The idea, with nothing else" in "".join(cells[s - 1]["source"])
+    body = [ln for ln in "".join(cells[s]["source"]).split("\n") if ln.strip()]
+    assert 10 <= len(body) <= 25, f"the sketch is {len(body)} lines"
+    for name in ("Vocabulary", "Tokenizer", "TokenEmbedding"):
+        e = defining_cell(cells, name, exported=True)
+        assert s < e and "hide-cell" in cells[e]["metadata"].get("tags", []), name
+    check = next(c for c in cells[s + 1:] if c["cell_type"] == "code"
+                 and "TokenizerSketch(" in "".join(c["source"])
+                 and "EmbeddingSketch(" in "".join(c["source"]))
+    lines = [ln for ln in cell_printed(check).split("\n") if "Sketch" in ln]
+    assert len(lines) == 2 and all(ln.endswith("True") for ln in lines), lines
+
+
+def test_the_tokenizer_sketch_computes_what_the_package_computes():
+    "The sketch as the page shows it, run against the package on other texts."
+    from collections import Counter
+
+    from torch import nn
+
+    from helpers import defining_cell
+    from minitransformer.embeddings import Tokenizer
+    cells = _cells("02_embeddings")
+    src = "".join(cells[defining_cell(cells, "TokenizerSketch", exported=False)]["source"])
+    ns = {"re": re, "Counter": Counter, "nn": nn, "torch": torch}
+    exec(src.split("\nprint(")[0], ns)
+    texts = ["b a c a b a.", "Zed zed, zed!", "c c b"]
+    sketch, tok = ns["TokenizerSketch"](texts), Tokenizer.from_texts(texts)
+    assert sketch.itos == tok.itos  # ties broken alphabetically, capitals first
+    for text in texts + ["a q b ?", ""]:
+        assert sketch.encode(text) == tok.encode(text), text
+    emb = TokenEmbedding(len(tok), 6)
+    table = ns["EmbeddingSketch"](emb.weight.detach().clone())
+    ids = torch.tensor([[4, 0, 9], [1, 1, 2]])
+    assert torch.equal(table(ids), emb(ids))

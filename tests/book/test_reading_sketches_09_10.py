@@ -126,3 +126,29 @@ def test_the_layers_demo_cells_end_in_a_printed_result(start):
              and "hide-cell" not in c["metadata"].get("tags", [])]  # not a solution
     assert len(cells) == 1, start
     assert _printed(cells[0]).strip(), f"the cell starting {start!r} prints nothing"
+
+
+def test_layers_chapter_sketches_an_encoder_stack_before_the_exported_one():
+    lines = _sketch_comes_first("09_layers", "EncoderSketch", "Encoder",
+                                ("`LayerConfig`", "rotary", "post-norm"),
+                                "cache|rotary|positions|dropout|norm_first")
+    assert len(lines) == 1, lines
+    cells = _cells("09_layers")
+    config = cells[_defining(cells, "LayerConfig", exported=True)]
+    assert "hide-cell" in config["metadata"].get("tags", []), "LayerConfig is folded"
+
+
+def test_the_encoder_sketch_computes_what_encoder_computes():
+    ns = {"nn": nn, "torch": torch, "MultiHeadAttention": MultiHeadAttention,
+          "FeedForward": FeedForward}
+    sketch_cls = _run_sketch("09_layers", "EncoderSketch", ns)
+    from minitransformer.layers import Encoder
+    torch.manual_seed(0)
+    cfg = LayerConfig(d_model=24, n_heads=3, d_ff=40, norm_first=True)
+    stack = Encoder(cfg, 2).eval()
+    sketch = sketch_cls(24, 3, 40, n_layers=2).eval()
+    sketch.load_state_dict(stack.state_dict())  # strict: the names are the stack's
+    x, pad = torch.randn(2, 6, 24), padding_mask(torch.tensor([6, 3]))
+    with torch.no_grad():
+        torch.testing.assert_close(sketch(x, mask=pad), stack(x, mask=pad),
+                                   rtol=0, atol=1e-6)

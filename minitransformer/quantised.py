@@ -68,7 +68,7 @@ def _in_order(x: torch.Tensor, bits: int) -> torch.Tensor:
     halves = x.unflatten(-1, (2, 4, 4))  # (..., nb, nibble, word, byte)
     return halves.permute(*range(halves.dim() - 3), -1, -3, -2).flatten(-3, -2)
 
-
+# %% ../nbs/18_quantised.ipynb #8d338c60
 def _in_weight_order(y: torch.Tensor, bits: int, W: int) -> torch.Tensor:
     """`_in_order` undone: `y` `(..., C)` in the codes' order (blocks of `W` words)
     back in the weights' order."""
@@ -78,7 +78,7 @@ def _in_weight_order(y: torch.Tensor, bits: int, W: int) -> torch.Tensor:
     blocks = y.unflatten(-1, (-1, 4, 2, W))  # (..., nb, byte, nibble, word)
     return blocks.permute(*range(lead + 1), lead + 2, lead + 3, lead + 1).flatten(lead)
 
-
+# %% ../nbs/18_quantised.ipynb #4d501821
 def pack(codes: torch.Tensor) -> torch.Tensor:
     """Codes `(O, nb, bytes)` as llama.cpp stores them (uint8 pairs of 4-bit codes, or
     int8) → `QuantisedWeight`'s int32 words `(nb, W, O)`: the same bits, regrouped
@@ -174,7 +174,7 @@ def _blocks_weight(kind, words, scales, mins, dtype, rows=None) -> torch.Tensor:
     w = _floats(kind, words, scales, mins, dtype, rows)  # (nb, codes a word, W, n)
     return _in_weight_order(w.flatten(0, 2).T, FORMATS[kind].bits, words.shape[1])
 
-
+# %% ../nbs/18_quantised.ipynb #0c98eca2
 def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,
                     bias=None) -> torch.Tensor:
     "x `(..., C)` times the blocks' weight: the product and sum compiled, else floats."
@@ -202,7 +202,7 @@ def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,
         y = y + bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], O)
 
-
+# %% ../nbs/18_quantised.ipynb #a4770478
 class _BlocksLinear(torch.autograd.Function):
     """`_blocks_product` for autograd: backward needs the weight, not its update, so
     it keeps the blocks (a few bytes a weight) and dequantises them again: a frozen
@@ -230,7 +230,7 @@ class _BlocksLinear(torch.autograd.Function):
             gb = grad.reshape(-1, grad.shape[-1]).sum(0)
         return gx, None, None, None, None, gb  # the blocks are frozen: no gradients
 
-
+# %% ../nbs/18_quantised.ipynb #fb4c7300
 def _lookup(weight, ids: torch.Tensor) -> torch.Tensor:
     "Rows `ids` `(..., T)` of the weight: `(..., T, C)`, only those dequantised."
     try:
@@ -242,12 +242,13 @@ def _lookup(weight, ids: torch.Tensor) -> torch.Tensor:
 # %% ../nbs/18_quantised.ipynb #d021660a
 class QuantisedWeight(torch.Tensor):
     """A weight `(O, C)` kept as blocks of integer codes q, each block with a float
-    scale d (q4_1: and an offset m): weight = d·q + m. Kinds: "int8" (one block a
-    row), "q8_0" (blocks of 32, 8-bit), "q4_0" (blocks of 32, 4-bit codes standing for
-    -8..7), "q4_1" (blocks of 32, 4-bit). Codes are int32 words `(nb, W, O)`, word t
-    of every output row side by side; scales and offsets `(nb, O)`. The tensor reports
-    the logical shape `(O, C)` and the dtype it computes in (its scales'), so an
-    `nn.Linear` or a token embedding holds it as its weight."""
+    scale d (q4_1: and an offset m): weight = d·q + m. Kinds: llama.cpp's "q8_0"
+    (blocks of 32, 8-bit), "q4_0" (blocks of 32, 4-bit codes standing for -8..7) and
+    "q4_1" (blocks of 32, 4-bit), and this package's own "int8" (one block a row).
+    Codes are int32 words `(nb, W, O)`, word t of every output row side by side;
+    scales and offsets `(nb, O)`. The tensor reports the logical shape `(O, C)` and
+    the dtype it computes in (its scales'), so an `nn.Linear` or a token embedding
+    holds it as its weight."""
 
     @staticmethod
     def __new__(cls, kind: str, words: torch.Tensor, scales: torch.Tensor,
@@ -271,7 +272,8 @@ class QuantisedWeight(torch.Tensor):
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, kind: str = "int8") -> QuantisedWeight:
-        "`weight` `(O, C)` rounded to `kind`'s blocks as llama.cpp's reference does."
+        """`weight` `(O, C)` rounded to `kind`'s blocks: llama.cpp's kinds as its
+        reference code rounds them; int8 with q8_0's rule over a whole row."""
         return cls(kind, *_quantise_weight(weight, kind))
 
     @classmethod
@@ -322,7 +324,7 @@ class QuantisedWeight(torch.Tensor):
         return (f"QuantisedWeight(kind={self.kind!r}, shape={tuple(self.shape)}, "
                 f"dtype={self.dtype})")
 
-
+# %% ../nbs/18_quantised.ipynb #6d93e426
 def _each_block(w: QuantisedWeight, fn) -> QuantisedWeight:
     "A QuantisedWeight of `fn` applied to each of `w`'s block tensors."
     return QuantisedWeight(w.kind, fn(w.words), fn(w.scales),
@@ -417,9 +419,9 @@ def _round_half_away(v: torch.Tensor) -> torch.Tensor:
     whole = a.floor()
     return torch.sign(v) * (whole + (2 * (a - whole)).floor())
 
-
+# %% ../nbs/18_quantised.ipynb #bca3c52e
 def _quantise_weight(weight: torch.Tensor, kind: str) -> tuple:
-    "(words, scales, mins) of `weight` `(O, C)` rounded to `kind` as llama.cpp does."
+    "(words, scales, mins) of `weight` `(O, C)` rounded to `kind` (see `from_float`)."
     _check_weight(weight, kind)
     O, C = weight.shape
     fmt = FORMATS[kind]
@@ -505,7 +507,7 @@ def quantise(model: nn.Module, kind: str = "int8",
                     emb.weight = m.weight
     return model
 
-
+# %% ../nbs/18_quantised.ipynb #ba61549a
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
     owner, _, leaf = name.rpartition(".")
     setattr(model.get_submodule(owner), leaf, module)
@@ -562,7 +564,7 @@ def _gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's he
     assert not left, f"tensors that no rule filled: {left[:5]}"
     return model
 
-
+# %% ../nbs/18_quantised.ipynb #23728bf5
 def load_gguf_blocks(path, *, dtype: torch.dtype = torch.float32,
                      device: str | torch.device | None = None,
                      max_len: int | None = None) -> Pretrained:

@@ -58,7 +58,7 @@ def test_bfloat16_input_computes_in_bfloat16():
     x = torch.randn(2, 64)
     y = layer(x.bfloat16())
     assert y.dtype == torch.bfloat16
-    assert torch.allclose(y.float(), layer(x), rtol=0.05, atol=0.5)  # bfloat16: 8-bit mantissas
+    assert torch.allclose(y.float(), layer(x), rtol=0.05, atol=0.5)  # bfloat16: 8 significant bits (7 stored)
 
 
 def test_bad_inputs_and_blocks_are_refused_with_their_values():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -34,8 +35,7 @@ def _shape(t) -> str:
 
 
 def _call(fn, what: str, args: tuple, case: str):
-    """`fn(*args)` on copies of the tensors in `args` (the reader's function may change
-    them), with a reader's exception turned into one sentence."""
+    "`fn(*args)` on copies of `args` (it may change them); its error in a sentence."
     if not callable(fn):
         raise TypeError(f"the checker takes your function, got {type(fn).__name__}")
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
@@ -46,15 +46,16 @@ def _call(fn, what: str, args: tuple, case: str):
             f"your {what} raised {type(e).__name__} ({e}) on {case}") from None
 
 
-def _same(got, want, tol: float) -> bool:
+def _same(got, want, tol: float) -> bool:  # (in float64: no rounding to want's dtype)
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
-            and torch.allclose(got.detach().to(want.dtype), want, atol=tol, rtol=tol,
+            and got.is_floating_point() == want.is_floating_point()
+            and torch.allclose(got.detach().double(), want.double(), atol=tol, rtol=tol,
                                equal_nan=True))
 
 
 def _difference(got, want) -> str:
-    """Where `got` differs most from `want` (for masks and ids, the first place), and by
-    how much, to 2 significant digits (an infinite difference as inf)."""
+    """Where `got` differs most from `want` (ids: the first place), by how much (to 2
+    digits; inf as such), and the two values, with digits enough to tell them apart."""
     a, b = got.detach().double(), want.double()
     diff = (a - b).abs().nan_to_num(nan=torch.inf, posinf=torch.inf)
     diff = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0, diff)
@@ -65,8 +66,10 @@ def _difference(got, want) -> str:
     yours, package = got[tuple(i)].item(), want[tuple(i)].item()
     if not want.is_floating_point():
         return f"first difference{at}: yours {yours}, the package's {package}"
-    return (f"largest difference {diff.max().item():.2g}{at} (yours {yours:.2g}, "
-            f"the package's {package:.2g})")
+    d, big = diff.max().item(), max(abs(yours), abs(package))
+    n = min(8, 2 + math.ceil(math.log10(big / d))) if 0 < d < big < math.inf else 2
+    return (f"largest difference {float(f'{d:.2g}'):g}{at} (yours {yours:.{n}g}, the "
+            f"package's {package:.{n}g})")
 
 
 def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) -> None:
@@ -104,6 +107,9 @@ def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) ->
     if got.dtype == torch.bool and want.dtype != torch.bool:
         raise ExerciseError(f"your {what} returned a boolean mask on {case}, where the "
                             f"package returns {want.dtype} numbers")
+    if got.is_floating_point() != want.is_floating_point():
+        raise ExerciseError(f"your {what} returned {got.dtype} on {case}, where the "
+                            f"package returns {want.dtype}")
     if got.shape != want.shape:
         raise ExerciseError(f"your {what} returned shape {_shape(got)} on {case}; "
                             f"expected {_shape(want)}")
@@ -139,11 +145,11 @@ def _checker(what: str, tol: float = 1e-5):
 # %% ../nbs/94_exercises.ipynb #1e81d2de
 @_checker("softmax")
 def check_softmax(fn, empty_rows: bool = True):
-    """Check `fn(scores)`, a softmax over the last axis, against `mixing.softmax` on
-    odd shapes, large scores, rows of very different sizes and -inf scores (and, with
-    `empty_rows`, a row whose scores are all -inf: weights 0, the book's convention)."""
+    """Check `fn(scores)`, a softmax over the last axis, against `mixing.softmax` (with
+    `empty_rows`, a row of all -inf scores too: weights 0, the book's convention)."""
     g, inf = torch.Generator().manual_seed(0), float("inf")
-    fixed = [[1000, 999, 998], [[1000, 999], [0, 1]], [[0.5, -inf, 2], [-inf, 1, 1]]]
+    fixed = [[1000, 999, 998], [-1000, -999, -998], [[1000, 999], [0, 1]],
+             [[0.5, -inf, 2], [-inf, 1, 1]]]
     fixed += [[[-inf, -inf, -inf], [0, 1, 2]]] if empty_rows else []
     cases = [(torch.randn(*s, generator=g) * 3, f"scores of shape {s}")
              for s in [(5,), (3, 7), (2, 4, 1), (2, 3, 6)]]
@@ -151,7 +157,10 @@ def check_softmax(fn, empty_rows: bool = True):
                                  for t in fixed]:
         want, n, empty = softmax(scores), scores.dim(), scores[0].isneginf().all()
         yield (scores,), case, want, [
-            (lambda w: "1000" in case and not w.flatten()[0].isfinite(), "exp(1000) "
+            (lambda w: "-1000" in case and not w.sum().isclose(w.new_ones(())),
+             "exp(-1000) underflows to 0: subtract each row's largest score, even a "
+             "negative one, before exponentials"),
+            (lambda w: "[1000" in case and not w.flatten()[0].isfinite(), "exp(1000) "
              "overflows to inf: subtract each row's largest score before exponentials"),
             (lambda w: "[0, 1]]" in case and not (w[1] > 0).any(), lambda w: "your "
              "softmax subtracted one maximum for the whole tensor: row 1 of the "
@@ -174,8 +183,7 @@ def check_softmax(fn, empty_rows: bool = True):
 # %% ../nbs/94_exercises.ipynb #2785f908
 @_checker("embedding lookup")
 def check_embedding(fn):
-    """Check `fn(ids, table)`: the rows of `table` `(V, C)` for token ids `(B, T)`,
-    giving `(B, T, C)` (an embedding lookup)."""
+    "Check `fn(ids, table)`: the rows `(B, T, C)` of `table` `(V, C)` for ids `(B, T)`."
     g = torch.Generator().manual_seed(1)
     for B, T, V, C in [(1, 1, 5, 3), (2, 7, 11, 4), (3, 2, 13, 1), (2, 0, 5, 3)]:
         ids = torch.randint(0, V, (B, T), generator=g)
@@ -192,9 +200,8 @@ def check_embedding(fn):
 # %% ../nbs/94_exercises.ipynb #b37166a0
 @_checker("q, k, v projections")
 def check_projections(fn):
-    """Check `fn(x, source, w_q, w_k, w_v)` → `(q, k, v)`: queries from `x`
-    `(B, T, C)`, keys and values from `source` `(B, S, C)` (in self-attention the
-    same tensor), with weight matrices `(C, D)` used as `x @ w`."""
+    """Check `fn(x, source, w_q, w_k, w_v)` → `(q, k, v)`: queries from `x`, keys and
+    values from `source` (x in self-attention), weights `(C, D)` used as `x @ w`."""
     g = torch.Generator().manual_seed(2)
     for B, T, S, C, D in [(2, 1, 4, 5, 5), (1, 3, 3, 4, 2), (2, 5, 7, 6, 3)]:
         x, src = torch.randn(B, T, C, generator=g), torch.randn(B, S, C, generator=g)
@@ -214,10 +221,9 @@ def check_projections(fn):
 # %% ../nbs/94_exercises.ipynb #2c339635
 @_checker("scaled dot-product attention")
 def check_attention(fn):
-    """Check `fn(q, k, v, mask)` → the attention output `(..., T, Dv)` for queries
-    `(..., T, D)`, keys `(..., S, D)`, values `(..., S, Dv)` and a boolean mask
-    broadcasting to `(..., T, S)` (True = may attend) or None, against
-    `attention.scaled_dot_product_attention`."""
+    """Check `fn(q, k, v, mask)` → `(..., T, Dv)` for q `(..., T, D)`, k `(..., S, D)`,
+    v `(..., S, Dv)` and a boolean mask to `(..., T, S)` (True = may attend) or None,
+    against `attention.scaled_dot_product_attention`."""
     g, inf = torch.Generator().manual_seed(3), float("-inf")
     sizes = [((), 3, 3, 4, 4), ((2,), 4, 6, 8, 3), ((2, 3), 5, 5, 16, 7),
              ((1,), 1, 4, 2, 2)]
@@ -277,8 +283,7 @@ def check_split_heads(fn):
 # %% ../nbs/94_exercises.ipynb #97f4b02c
 @_checker("feed-forward", tol=1e-4)
 def check_feedforward(fn):
-    """Check `fn(x, w1, b1, w2, b2)` = `GELU(x @ w1 + b1) @ w2 + b2` (exact GELU,
-    row vectors: `w1` `(C, F)`, `w2` `(F, C)`)."""
+    "Check `fn(x, w1, b1, w2, b2)` = `GELU(x @ w1 + b1) @ w2 + b2` (exact GELU)."
     g, F = torch.Generator().manual_seed(5), torch.nn.functional
     for lead, C, Fw in [((3,), 4, 16), ((2, 5), 6, 24), ((1, 1), 3, 5)]:
         x = torch.randn(*lead, C, generator=g)
@@ -303,9 +308,8 @@ def check_feedforward(fn):
 # %% ../nbs/94_exercises.ipynb #06f6a764
 @_checker("rotary embedding", tol=1e-4)
 def check_rope(fn):
-    """Check `fn(x, positions)`: queries or keys `(..., T, D)` rotated for their
-    positions `(T,)` with base 10000, pairing the two halves (x_i, x_{i+D/2}), against
-    `positions.RotaryEmbedding`."""
+    """Check `fn(x, positions)`: `(..., T, D)` rotated for positions `(T,)`, base 10000,
+    the halves paired (x_i, x_{i+D/2}), against `positions.RotaryEmbedding`."""
     g = torch.Generator().manual_seed(6)
     for n, (lead, T, D) in enumerate([((), 3, 2), ((2,), 5, 8), ((2, 3), 4, 6),
                                       ((1,), 1, 16)]):
@@ -532,9 +536,8 @@ def check_shard(fn):
 # %% ../nbs/94_exercises.ipynb #b359c05b
 @_checker("mean pooling")
 def check_mean_pool(fn):
-    """Check `fn(hidden, mask)`: one vector per text from an encoder's vectors
-    `(B, T, C)` — the average over the real tokens (`mask` `(B, T)`, True = real),
-    scaled to length 1 — against `model.mean_pool`."""
+    """Check `fn(hidden, mask)`: the average of `hidden` `(B, T, C)` over real tokens
+    (`mask` `(B, T)`, True = real), scaled to length 1, against `model.mean_pool`."""
     g, unit = torch.Generator().manual_seed(11), torch.nn.functional.normalize
     for B, T, C in [(1, 3, 4), (3, 6, 5), (2, 1, 8)]:
         hidden = torch.randn(B, T, C, generator=g)
@@ -589,9 +592,8 @@ def check_q8_0(fn):
 # %% ../nbs/94_exercises.ipynb #150c892e
 @_checker("LoRA layer", tol=1e-4)
 def check_lora(fn):
-    """Check `fn(x, weight, bias, A, B, alpha)` = `x Wᵀ + b + (alpha / r) x Aᵀ Bᵀ`,
-    a LoRA layer on a frozen linear layer (`weight` `(out, in)`, `A` `(r, in)`,
-    `B` `(out, r)`), against `lora.LoRALinear`."""
+    """Check `fn(x, weight, bias, A, B, alpha)` = `x Wᵀ + b + (alpha / r) x Aᵀ Bᵀ`, with
+    `A` `(r, in)` and `B` `(out, r)`, against `lora.LoRALinear`."""
     g = torch.Generator().manual_seed(9)
     for lead, d_in, d_out, r, alpha in [((3,), 4, 5, 1, 1.0), ((2, 6), 8, 8, 2, 16.0),
                                         ((1,), 7, 5, 4, 8.0)]:

@@ -4,6 +4,7 @@ WRONG with the sentence that names it; a reader's exception is reported with its
 the global random state is left alone."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -143,6 +144,8 @@ WRONG = [  # checker, a name, a wrong answer, words its sentence must contain
        r"came out \[0.0, 0.0\], not \[0.27, 0.73\]"),
     _w(S, "one-max-nan", lambda s: (s - s.max()).exp() / (s - s.max()).exp().sum(-1, keepdim=True),
        r"one maximum for the whole tensor: .* came out \[nan, nan\]"),
+    _w(S, "max-clamped-at-0", lambda s: (lambda e: e / e.sum(-1, keepdim=True))(
+        (s - s.amax(-1, keepdim=True).clamp_min(0)).exp()), r"exp\(-1000\) underflows"),
     _w(S, "not-normalised", lambda s: (s - s.amax(-1, keepdim=True)).exp(), "not normalised"),
     _w(S, "empty-row-nan", lambda s: s.softmax(-1), "must be 0, not NaN"),
     _w(S, "empty-row-uniform", lambda s: s.clamp_min(-1e30).softmax(-1), r"uniform \(1/3 each\)"),
@@ -273,6 +276,8 @@ WRONG = [  # checker, a name, a wrong answer, words its sentence must contain
     _w(TP, "big-negative", lambda lg, p: _top_p(lg, p, fill=-1e9), "large negative number"),
     _w(TP, "finfo-min", lambda lg, p: _top_p(lg, p, fill=torch.finfo(lg.dtype).min),
        "large negative number"),
+    _w(TP, "finfo-min-float64", lambda lg, p: _top_p(lg.double(), p,
+       fill=torch.finfo(torch.float64).min), "large negative number"),
     _w(TP, "within-p", lambda lg, p: _top_p(lg, p, within=True), "reaches p"),
     _w(TP, "token-order", lambda lg, p: _top_p(lg, p, in_order=True), "token order"),
     _w(TP, "on-scores", lambda lg, p: _top_p(lg, p, on_scores=True), "added up the scores"),
@@ -297,6 +302,8 @@ WRONG = [  # checker, a name, a wrong answer, words its sentence must contain
     _w(SD, "ranks-from-1", lambda b, r, w: b[(r - 1) * (len(b) // w): r * (len(b) // w)],
        "one rank behind"),
     _w(SD, "world-rows", lambda b, r, w: b[r * w: (r + 1) * w], "world_size rows"),
+    _w(SD, "float-rows", lambda b, r, w: b.chunk(w)[r].float(),
+       "returned torch.float32 .* where the package returns torch.int64"),
     _w(SD, "whole-batch", lambda b, r, w: b, "whole batch"),
     _w(SD, "all-chunks", lambda b, r, w: b.chunk(w), "returned a tuple, not a tensor"),
     _w(MP, "padding-too", lambda h, m: F.normalize(h.mean(1), dim=-1), "averaged the padding"),
@@ -344,7 +351,7 @@ def test_a_wrong_answer_is_refused_with_its_name(checker, wrong, phrase):
 
 def test_softmax_without_the_empty_row_case(capsys):
     E.check_softmax(lambda s: s.softmax(-1), empty_rows=False)  # NaN for an empty row
-    assert capsys.readouterr().out == "softmax: all 7 cases agree with the package\n"
+    assert capsys.readouterr().out == "softmax: all 8 cases agree with the package\n"
 
 
 def test_every_checker_is_covered():
@@ -355,8 +362,8 @@ def test_every_checker_is_covered():
 
 
 def test_no_message_prints_an_infinity_as_a_number():
-    for checker, wrong, _ in (p.values for p in WRONG):
-        with pytest.raises(E.ExerciseError) as e:
+    for checker, wrong, _ in (p.values for p in WRONG if "float64" not in p.id):  # (its
+        with pytest.raises(E.ExerciseError) as e:  # -1.8e308 is a number, said as one)
             checker(wrong)
         assert "e+308" not in str(e.value), str(e.value)
     def dropped_first(logits, p):
@@ -448,3 +455,12 @@ def test_a_named_mistake_also_says_where_and_by_how_much():
     with pytest.raises(E.ExerciseError, match=r"\(on logits \(2, 5, 7\): largest difference "
                        r"[0-9.e+-]+ \(yours [0-9.e+-]+, the package's [0-9.e+-]+\)\)$"):
         E.check_next_token_loss(lambda lg, ids: _loss(lg, ids, reduction="sum"))
+
+
+def test_the_two_values_of_a_small_difference_are_told_apart():
+    "Yours and the package's are printed with digits enough to differ, in plain notation."
+    with pytest.raises(E.ExerciseError) as e:
+        E.check_layer_norm(lambda x, eps: torch.nn.functional.layer_norm(
+            x, x.shape[-1:], eps=eps) * 1.001)
+    m = re.search(r"yours (\S+), the package's (\S+)\)", str(e.value))
+    assert m and m.group(1) != m.group(2) and "e+" not in m.group(0), str(e.value)

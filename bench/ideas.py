@@ -5,6 +5,7 @@ each rung trained with the same protocol and scored on the same held-out windows
         [--out nbs/ideas.json] [--svg nbs/figures/13-ideas.svg]
     python bench/ideas.py --retime [--out nbs/ideas.json]   (steps/s again, on a quiet machine)
     python bench/ideas.py --tables [--out nbs/ideas.json]   (the book's markdown rows, from the JSON)
+    python bench/ideas.py --replot [--out nbs/ideas.json] [--svg ...]   (the plot, from the JSON)
 
 The losses do not depend on the machine's load; steps per second do: `--retime` measures them
 again (100 steps of each rung, after 10 untimed, seed 0) and records the load average with them.
@@ -185,13 +186,18 @@ def plot(result: dict, path: Path) -> None:
         ax.plot(range(len(rows)), ys, "o", color="0.6", markersize=4,
                 label="one seed" if seed == result["seeds"][0] else None)
     ax.plot(range(len(rows)), [r["mean"] for r in rows], "-", color="C0", label="mean")
+    ax.axhline(rows[0]["mean"], color="0.5", linestyle="--", linewidth=1,
+               label="the bigram floor")
+    ax.axhline(result["nanogpt_char_val_loss"], color="0.5", linestyle=":", linewidth=1,
+               label="nanoGPT's character model (other text; for scale)")
     ax.set_xticks(range(len(rows)), [f"{r['rung']}" for r in rows])
     ax.set_xlabel("rung: " + "; ".join(f"{r['rung']} {r['name'].removeprefix('+ ')}"
                                        for r in rows[:4]) + ";\n"
                   + "; ".join(f"{r['rung']} {r['name'].removeprefix('+ ')}" for r in rows[4:]),
                   fontsize=8)
     ax.set_ylabel("held-out loss (nats/char)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(1.3, 3.4)
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, format="svg", metadata={"Date": None})
 
@@ -205,10 +211,11 @@ def main() -> int:
     p.add_argument("--svg", type=Path, default=ROOT / "nbs" / "figures" / "13-ideas.svg")
     p.add_argument("--tables", action="store_true", help="print the book's rows from --out")
     p.add_argument("--retime", action="store_true", help="measure steps/s again into --out")
+    p.add_argument("--replot", action="store_true", help="draw --svg again from --out")
     a = p.parse_args()
-    if a.tables:
+    if a.tables or a.replot:
         result = json.loads(a.out.read_text())
-        print(table_rows(result))
+        print(table_rows(result)) if a.tables else plot(result, a.svg)
         return 0
     torch.set_num_threads(a.threads)
     data = load_data()

@@ -2,7 +2,7 @@
 each rung trained with the same protocol and scored on the same held-out windows.
 
     python bench/ideas.py [--steps 1500] [--seeds 0 1 2] [--threads 2]
-        [--out nbs/ideas.json] [--svg nbs/figures/13-ideas.svg]
+        [--out nbs/ideas.json] [--svg nbs/figures/11-ideas.svg]
     python bench/ideas.py --retime [--out nbs/ideas.json]   (steps/s again, on a quiet machine)
     python bench/ideas.py --tables [--out nbs/ideas.json]   (the book's markdown rows, from the JSON)
     python bench/ideas.py --replot [--out nbs/ideas.json] [--svg ...]   (the plot, from the JSON)
@@ -208,7 +208,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "nbs" / "ideas.json")
-    p.add_argument("--svg", type=Path, default=ROOT / "nbs" / "figures" / "13-ideas.svg")
+    p.add_argument("--svg", type=Path, default=ROOT / "nbs" / "figures" / "11-ideas.svg")
     p.add_argument("--tables", action="store_true", help="print the book's rows from --out")
     p.add_argument("--retime", action="store_true", help="measure steps/s again into --out")
     p.add_argument("--replot", action="store_true", help="draw --svg again from --out")

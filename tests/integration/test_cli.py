@@ -66,9 +66,10 @@ def test_generate_prints_a_completion_and_bad_files_exit_2(tmp_path):
 class Terminal:
     "The command in a pseudo-terminal: what it writes, read as it comes."
 
-    def __init__(self, argv):
+    def __init__(self, argv, sigint=signal.SIG_DFL):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the terminal is its controlling terminal
+            signal.signal(signal.SIGINT, sigint)  # (as a background job starts it: SIG_IGN)
             os.execv(argv[0], argv)
         self.reads: list[bytes] = []
         self.pending = b""  # read, but after the marker a call looked for
@@ -153,3 +154,21 @@ def test_an_encoder_cannot_chat_and_a_long_conversation_drops_its_oldest_turns()
     assert run.returncode == 0, run.stderr
     assert len(run.stdout.strip().splitlines()) >= 6, run.stdout  # one reply a question
     assert "oldest exchange(s) dropped to fit max_len" in run.stderr, run.stderr
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_a_reply_in_a_chat_started_with_it_ignored():
+    "A shell's background job starts with SIGINT ignored; in a terminal, the chat answers it."
+    term = Terminal(CLI + ["chat", _smollm2(), "--max-new-tokens", "200"], signal.SIG_IGN)
+    try:
+        term.until(b"> ", 180)
+        term.type(b"Write a very long story about a dragon and a knight.\r")
+        term.until(b"knight.\r\n", 10)
+        term.until(b"", 60)  # the reply has begun
+        os.kill(term.pid, signal.SIGINT)
+        term.until(b"(stopped)", 10)
+        term.type(b"/exit\r")
+        assert term.status() == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(term.pid, signal.SIGKILL)

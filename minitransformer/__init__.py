@@ -134,8 +134,8 @@ def _check_can_write(loaded: Pretrained, chat: bool) -> None:
 def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
-    if tty and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a shell's background
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # job ignores Ctrl-C
+    if tty and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignores Ctrl-C
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)
     while True:

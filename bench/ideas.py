@@ -215,7 +215,10 @@ def main() -> int:
     a = p.parse_args()
     if a.tables or a.replot:
         result = json.loads(a.out.read_text())
-        print(table_rows(result)) if a.tables else plot(result, a.svg)
+        if a.tables:
+            print(table_rows(result))
+        else:
+            plot(result, a.svg)
         return 0
     torch.set_num_threads(a.threads)
     data = load_data()

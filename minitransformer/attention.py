@@ -15,7 +15,7 @@ from .mixing import softmax
 from .qkv import check_qkv
 
 # %% auto #0
-__all__ = ['check_mask', 'attention_with_weights', 'scaled_dot_product_attention', 'attend']
+__all__ = ['attention_with_weights', 'scaled_dot_product_attention', 'attend']
 
 # %% ../nbs/04_attention.ipynb #4e9b74c7
 _SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa

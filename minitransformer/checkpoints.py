@@ -21,18 +21,10 @@ from .model import (
     TextEncoderConfig, Transformer, TransformerConfig, ViTConfig, VisionTransformer)
 
 # %% auto #0
-__all__ = ['FORMAT', 'MODEL_CLASSES', 'TRAIN_PREFIX', 'write_safetensors', 'save_checkpoint', 'parse_json_object', 'read_header',
-           'check_layer_count', 'name_in_errors', 'expected_layout', 'tied_parameters', 'check_saveable',
-           'load_checkpoint', 'model_from_state', 'read_train_state']
+__all__ = ['FORMAT', 'write_safetensors', 'save_checkpoint', 'read_header', 'load_checkpoint']
 
 # %% ../nbs/92_checkpoints.ipynb #b5ca59d4
 FORMAT = "minitransformer-checkpoint-3"  # the format's name and version
-MODEL_CLASSES = {  # what a checkpoint may hold: class name -> (class, config class)
-    "GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
-    "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
-    "VisionTransformer": (VisionTransformer, ViTConfig),
-    "TextEncoder": (TextEncoder, TextEncoderConfig)}
-TRAIN_PREFIX = "train/"  # a training run's extra tensors (optimiser, average, ...)
 
 
 def _model_tensors(model: nn.Module) -> tuple[dict, dict, dict]:
@@ -107,20 +99,15 @@ def save_checkpoint(model: nn.Module, path: str | Path,
         metadata["train"] = json.dumps(info, default=float)  # metrics may be tensors
     return write_safetensors(path, tensors, metadata)
 
+# %% ../nbs/92_checkpoints.ipynb #7bf0e5f4
+MODEL_CLASSES = {  # what a checkpoint may hold: class name -> (class, config class)
+    "GPT": (GPT, GPTConfig), "Transformer": (Transformer, TransformerConfig),
+    "EncoderClassifier": (EncoderClassifier, EncoderClassifierConfig),
+    "VisionTransformer": (VisionTransformer, ViTConfig),
+    "TextEncoder": (TextEncoder, TextEncoderConfig)}
+TRAIN_PREFIX = "train/"  # a training run's extra tensors (optimiser, average, ...)
+
 # %% ../nbs/92_checkpoints.ipynb #b8580cde
-def parse_json_object(text: str | bytes, where: str) -> dict:
-    """`text` (or a file's bytes: UTF-8) parsed as a JSON object (a dict); else a
-    ValueError naming `where`."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as e:  # not JSON or UTF-8; nested too deeply
-        raise ValueError(f"{where} is not valid JSON: {str(e)[:200]}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a JSON object, got a "
-                         f"{type(value).__name__}")
-    return value
-
-
 def read_header(path: Path) -> tuple[dict, dict]:
     """A checkpoint's metadata and {name: (dtype, shape)}, from its header alone;
     a torch.save file is refused unopened, anything unreadable named."""
@@ -151,29 +138,6 @@ def _config(path, cfg_cls: type, fields: dict, n_tensors: int):
     return config
 
 
-def check_layer_count(path, config, n_tensors: int) -> None:
-    """Raise unless the layers `config` claims (its `n_…layers` fields) could be backed
-    by a file of `n_tensors` tensors: every layer holds several. It runs before
-    `expected_layout`, whose list of names grows with the layers claimed."""
-    layers = {k: v for k, v in asdict(config).items()
-              if k.startswith("n_") and k.endswith("layers")}
-    if sum(layers.values()) > n_tensors:
-        raise ValueError(f"{path}: its config claims {layers}, but the file holds "
-                         f"only {n_tensors} tensors")
-
-
-@contextmanager
-def name_in_errors(path):
-    "Inside the block, a TypeError or ValueError that does not name `path` gets it."
-    try:
-        yield
-    except (TypeError, ValueError) as e:
-        if str(path) in str(e):
-            raise
-        kind = TypeError if isinstance(e, TypeError) else ValueError
-        raise kind(f"{path}: {e}") from e
-
-
 def _expected(path: Path, meta: dict, layout: dict) -> tuple:
     "The class, config, {name: (floating?, shape)} and tied names the header describes."
     if meta.get("format") != FORMAT:
@@ -194,46 +158,6 @@ def _meta_model(cls: type, config) -> nn.Module:
     except RuntimeError as e:  # e.g. a size whose bytes overflow 64 bits
         raise ValueError(f"the config describes tensors too large to exist "
                          f"({e})") from e
-
-
-def expected_layout(cls: type, config) -> tuple[dict, dict]:
-    """{name: (floating?, shape)} of `cls(config)`'s state dict and its tied names
-    ({name: the name it shares a parameter with}), without building that model: from
-    meta-device models with one and two layers per stack, whose layers repeat. The
-    models cost the same for any number of layers; the names returned grow with
-    them (`check_layer_count` bounds them first)."""
-    fields = [k for k in asdict(config) if k.startswith("n_") and k.endswith("layers")]
-    small = replace(config, **{f: 1 for f in fields})
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        one = _meta_model(cls, small)
-        layout, tied = _layout(one), tied_parameters(one)
-        layers = {}  # a stack's prefix ('decoder.layers.') -> (its field, layer 0)
-        for f in fields:
-            two = _layout(_meta_model(cls, replace(small, **{f: 2})))
-            second = [k for k in two if k not in layout]  # the names of layer 1
-            parts = second[0].split(".")  # the index that is 1 here and 0 in `layout`
-            i = next(i for i, p in enumerate(parts) if p == "1" and ".".join(
-                parts[:i] + ["0"] + parts[i + 1:]) in layout)
-            prefix = ".".join(parts[:i]) + "."
-            layers[prefix] = f, {k[len(prefix) + 2:]: v for k, v in layout.items()
-                                 if k.startswith(prefix + "0.")}
-    assert not any(k.startswith(tuple(layers)) for k in tied), "tied inside a layer"
-    out = {k: v for k, v in layout.items() if not k.startswith(tuple(layers))}
-    for prefix, (f, layer) in layers.items():
-        for n in range(getattr(config, f)):
-            out |= {f"{prefix}{n}.{rest}": v for rest, v in layer.items()}
-    return out, tied
-
-
-def tied_parameters(model: nn.Module) -> dict[str, str]:
-    "{name: the first name of the same parameter} for every parameter seen twice."
-    first, tied = {}, {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if p in first:
-            tied[name] = first[p]
-        else:
-            first[p] = name
-    return tied
 
 
 def _layout(model: nn.Module) -> dict:
@@ -289,6 +213,82 @@ def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None
     if differ:  # e.g. a model changed after it was built
         raise ValueError(f"{path}: the model's tensors differ from the checkpoint's "
                          f"config: {differ[:5]}")
+
+# %% ../nbs/92_checkpoints.ipynb #8c4a6f86
+def parse_json_object(text: str | bytes, where: str) -> dict:
+    """`text` (or a file's bytes: UTF-8) parsed as a JSON object (a dict); else a
+    ValueError naming `where`."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:  # not JSON or UTF-8; nested too deeply
+        raise ValueError(f"{where} is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a JSON object, got a "
+                         f"{type(value).__name__}")
+    return value
+
+
+def check_layer_count(path, config, n_tensors: int) -> None:
+    """Raise unless the layers `config` claims (its `n_…layers` fields) could be backed
+    by a file of `n_tensors` tensors: every layer holds several. It runs before
+    `expected_layout`, whose list of names grows with the layers claimed."""
+    layers = {k: v for k, v in asdict(config).items()
+              if k.startswith("n_") and k.endswith("layers")}
+    if sum(layers.values()) > n_tensors:
+        raise ValueError(f"{path}: its config claims {layers}, but the file holds "
+                         f"only {n_tensors} tensors")
+
+
+@contextmanager
+def name_in_errors(path):
+    "Inside the block, a TypeError or ValueError that does not name `path` gets it."
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if str(path) in str(e):
+            raise
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(f"{path}: {e}") from e
+
+
+def expected_layout(cls: type, config) -> tuple[dict, dict]:
+    """{name: (floating?, shape)} of `cls(config)`'s state dict and its tied names
+    ({name: the name it shares a parameter with}), without building that model: from
+    meta-device models with one and two layers per stack, whose layers repeat. The
+    models cost the same for any number of layers; the names returned grow with
+    them (`check_layer_count` bounds them first)."""
+    fields = [k for k in asdict(config) if k.startswith("n_") and k.endswith("layers")]
+    small = replace(config, **{f: 1 for f in fields})
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        one = _meta_model(cls, small)
+        layout, tied = _layout(one), tied_parameters(one)
+        layers = {}  # a stack's prefix ('decoder.layers.') -> (its field, layer 0)
+        for f in fields:
+            two = _layout(_meta_model(cls, replace(small, **{f: 2})))
+            second = [k for k in two if k not in layout]  # the names of layer 1
+            parts = second[0].split(".")  # the index that is 1 here and 0 in `layout`
+            i = next(i for i, p in enumerate(parts) if p == "1" and ".".join(
+                parts[:i] + ["0"] + parts[i + 1:]) in layout)
+            prefix = ".".join(parts[:i]) + "."
+            layers[prefix] = f, {k[len(prefix) + 2:]: v for k, v in layout.items()
+                                 if k.startswith(prefix + "0.")}
+    assert not any(k.startswith(tuple(layers)) for k in tied), "tied inside a layer"
+    out = {k: v for k, v in layout.items() if not k.startswith(tuple(layers))}
+    for prefix, (f, layer) in layers.items():
+        for n in range(getattr(config, f)):
+            out |= {f"{prefix}{n}.{rest}": v for rest, v in layer.items()}
+    return out, tied
+
+
+def tied_parameters(model: nn.Module) -> dict[str, str]:
+    "{name: the first name of the same parameter} for every parameter seen twice."
+    first, tied = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p in first:
+            tied[name] = first[p]
+        else:
+            first[p] = name
+    return tied
 
 
 def check_saveable(model: nn.Module) -> None:
@@ -422,7 +422,7 @@ def _assign_wrapped(model: nn.Module, state: dict, aliases: dict) -> None:
             setattr(model.get_submodule(owner), leaf, params[target])
             del state[name]
 
-
+# %% ../nbs/92_checkpoints.ipynb #04475194
 def model_from_state(cls: type, config, state: dict) -> nn.Module:
     """`cls(config)` holding `state`'s tensors themselves: built on the meta device
     (no memory, no random initialisation), then given the tensors (`assign=True`), so

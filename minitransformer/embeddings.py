@@ -18,7 +18,7 @@ from .checks import (
     is_integer_tensor, shape_str, tracing)
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'check_id_list', 'Vocabulary', 'Tokenizer', 'pad_ids', 'check_token_ids', 'TokenEmbedding']
+__all__ = ['SPECIAL_TOKENS', 'Vocabulary', 'Tokenizer', 'pad_ids', 'TokenEmbedding']
 
 # %% ../nbs/02_embeddings.ipynb #84d4e193
 def _as_list(values, name: str, what: str) -> list:

@@ -14,7 +14,7 @@ from .checks import (
 from .layers import Decoder
 
 # %% auto #0
-__all__ = ['KVCache', 'check_encoder_output', 'DecoderCache']
+__all__ = ['KVCache', 'DecoderCache']
 
 # %% ../nbs/10_kv_cache.ipynb #12dd146b
 class KVCache(nn.Module):

@@ -11,7 +11,7 @@ from .checks import (
 
 # %% auto #0
 __all__ = ['causal_mask', 'padding_mask', 'padding_mask_from_ids', 'combine_masks', 'padding_mask_from_real', 'decoder_mask',
-           'check_decoder_masks', 'additive_mask', 'to_torch_mask']
+           'additive_mask', 'to_torch_mask']
 
 # %% ../nbs/08_masks.ipynb #362915b2
 def causal_mask(T: int,  # number of queries: the last T of the S positions

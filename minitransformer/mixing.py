@@ -9,7 +9,7 @@ from .checks import (
     broadcast_shape, check_number, check_tensor, shape_str)
 
 # %% auto #0
-__all__ = ['softmax', 'check_attention_weights', 'mix']
+__all__ = ['softmax', 'mix']
 
 # %% ../nbs/01_mixing.ipynb #9357637d
 def _check_softmax_args(scores, dim) -> None:

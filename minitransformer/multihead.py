@@ -12,7 +12,7 @@ from .checks import (
 from .qkv import QKVProjection
 
 # %% auto #0
-__all__ = ['split_heads', 'merge_heads', 'HeadProjection', 'default_positions', 'check_heads', 'repeat_kv', 'MultiHeadAttention']
+__all__ = ['split_heads', 'merge_heads', 'HeadProjection', 'repeat_kv', 'MultiHeadAttention']
 
 # %% ../nbs/05_multihead.ipynb #d0e7ced5
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -119,23 +119,6 @@ def default_positions(past: int, T: int, device=None) -> torch.Tensor:
 
 
 # %% ../nbs/05_multihead.ipynb #74704d67
-def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> int:
-    """H_kv (`n_heads` if `n_kv_heads` is None) if `n_heads` divides `d_model` and
-    `n_kv_heads` divides `n_heads`, all positive ints; else raise."""
-    d_model = check_positive_int(d_model, "d_model")
-    n_heads = check_positive_int(n_heads, "n_heads")
-    if d_model % n_heads:
-        hint = ("" if d_model > 4096 else "; try n_heads in "
-                f"{[h for h in range(1, d_model + 1) if d_model % h == 0]}")
-        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
-                         f"({n_heads}){hint}")
-    if n_kv_heads is None:
-        return n_heads
-    if check_positive_int(n_kv_heads, "n_kv_heads") > n_heads or n_heads % n_kv_heads:
-        raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
-    return int(n_kv_heads)
-
-
 def _check_head_args(d_model, n_heads, n_kv_heads, rotary) -> int:
     "H_kv if the head counts fit `d_model` and `rotary` the head width; else raise."
     n_kv_heads = check_heads(d_model, n_heads, n_kv_heads)
@@ -167,6 +150,22 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.unsqueeze(-3).expand(*lead, H, groups, S, D).reshape(*lead, H * groups,
                                                                    S, D)
 
+# %% ../nbs/05_multihead.ipynb #45ce92bf
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> int:
+    """H_kv (`n_heads` if `n_kv_heads` is None) if `n_heads` divides `d_model` and
+    `n_kv_heads` divides `n_heads`, all positive ints; else raise."""
+    d_model = check_positive_int(d_model, "d_model")
+    n_heads = check_positive_int(n_heads, "n_heads")
+    if d_model % n_heads:
+        hint = ("" if d_model > 4096 else "; try n_heads in "
+                f"{[h for h in range(1, d_model + 1) if d_model % h == 0]}")
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
+                         f"({n_heads}){hint}")
+    if n_kv_heads is None:
+        return n_heads
+    if check_positive_int(n_kv_heads, "n_kv_heads") > n_heads or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+    return int(n_kv_heads)
 
 # %% ../nbs/05_multihead.ipynb #9f8918f0
 class MultiHeadAttention(HeadProjection):

@@ -12,7 +12,7 @@ from .checks import (
     is_integer_tensor, tracing)
 
 # %% auto #0
-__all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'check_positions', 'LearnedPositions', 'RotaryEmbedding']
+__all__ = ['sinusoidal_positions', 'SinusoidalPositions', 'LearnedPositions', 'RotaryEmbedding']
 
 # %% ../nbs/07_positions.ipynb #f692f22c
 def sinusoidal_positions(n_positions: int, d_model: int,

@@ -21,9 +21,8 @@ from .generation import generate
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
 
 # %% auto #0
-__all__ = ['Rule', 'KNOWN_UNUSED', 'FAMILIES', 'bert_rules', 'llama_rules', 'gpt2_rules', 'check_rules', 'fill',
-           'model_from_rules', 'bert_config', 'llama_config', 'gpt2_config', 'PretrainedTokenizer', 'Pretrained',
-           'load_folder']
+__all__ = ['Rule', 'KNOWN_UNUSED', 'FAMILIES', 'bert_rules', 'llama_rules', 'gpt2_rules', 'fill', 'model_from_rules',
+           'bert_config', 'llama_config', 'gpt2_config', 'PretrainedTokenizer', 'Pretrained', 'load_folder']
 
 # %% ../nbs/15_pretrained.ipynb #af4d439f
 Rule = tuple[str, Callable | None]  # a source tensor's name, and what to do to it
@@ -178,27 +177,6 @@ def _why_unused(key: str) -> str:
     return "not used by this architecture"
 
 
-def check_rules(shapes: dict[str, tuple],  # our tensor name -> its shape
-                rules: dict[str, Rule],  # our tensor name -> (source name, transform)
-                source_shapes: dict[str, tuple],  # every source tensor -> its shape
-                where: str = "the checkpoint",  # the source, for the messages
-                ) -> dict[str, str]:  # the source tensors left unused -> why
-    """Check `rules` from the shapes alone, before any tensor is read: every tensor of
-    ours has a rule, every source tensor a rule names exists, and each gives our shape
-    once converted (the conversion runs on a shape-only `meta` tensor). Returns each
-    unused source tensor with the reason; warns about any whose reason is unknown."""
-    _check_rule_names(shapes, rules, source_shapes, where)
-    for name, (src, how) in rules.items():  # each conversion, on shapes alone
-        _check_converted(name, shapes[name], src, source_shapes[src], how, where)
-    used = {src for src, _ in rules.values()}
-    unused = {k: _why_unused(k) for k in sorted(source_shapes.keys() - used)}
-    strange = [k for k, why in unused.items() if why == "not used by this architecture"]
-    if strange:
-        warnings.warn(f"{len(strange)} tensors of {where} were not used: "
-                      f"{strange[:10]}", stacklevel=3)
-    return unused
-
-
 def fill(model: nn.Module,
          rules: dict[str, Rule],  # our tensor name -> (source name, transform or None)
          tensor: Callable[[str], torch.Tensor],  # source name -> its tensor
@@ -240,6 +218,27 @@ def model_from_rules(
             value = _convert(tensor(rules[name][0]), rules[name][1])
             state[name] = value.to(dtype) if floating else value
     return model_from_state(cls, config, state), unused
+
+# %% ../nbs/15_pretrained.ipynb #8c955f77
+def check_rules(shapes: dict[str, tuple],  # our tensor name -> its shape
+                rules: dict[str, Rule],  # our tensor name -> (source name, transform)
+                source_shapes: dict[str, tuple],  # every source tensor -> its shape
+                where: str = "the checkpoint",  # the source, for the messages
+                ) -> dict[str, str]:  # the source tensors left unused -> why
+    """Check `rules` from the shapes alone, before any tensor is read: every tensor of
+    ours has a rule, every source tensor a rule names exists, and each gives our shape
+    once converted (the conversion runs on a shape-only `meta` tensor). Returns each
+    unused source tensor with the reason; warns about any whose reason is unknown."""
+    _check_rule_names(shapes, rules, source_shapes, where)
+    for name, (src, how) in rules.items():  # each conversion, on shapes alone
+        _check_converted(name, shapes[name], src, source_shapes[src], how, where)
+    used = {src for src, _ in rules.values()}
+    unused = {k: _why_unused(k) for k in sorted(source_shapes.keys() - used)}
+    strange = [k for k, why in unused.items() if why == "not used by this architecture"]
+    if strange:
+        warnings.warn(f"{len(strange)} tensors of {where} were not used: "
+                      f"{strange[:10]}", stacklevel=3)
+    return unused
 
 # %% ../nbs/15_pretrained.ipynb #576b7638
 def _refuse_unsupported(cfg: dict, key: str, want, why: str) -> None:

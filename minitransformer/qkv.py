@@ -11,7 +11,7 @@ from .checks import (
     broadcast_shape, check_float_dtype, check_positive_int, check_tensor, shape_str)
 
 # %% auto #0
-__all__ = ['QKVProjection', 'check_qkv']
+__all__ = ['QKVProjection']
 
 # %% ../nbs/03_qkv.ipynb #a731405c
 class QKVProjection(nn.Module):

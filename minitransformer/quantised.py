@@ -19,12 +19,11 @@ from .model import GPT
 from .pretrained import Pretrained, check_rules
 
 # %% auto #0
-__all__ = ['BLOCK', 'FEW_ROWS', 'FORMATS', 'BlockFormat', 'pack', 'QuantisedWeight', 'quantised_linear', 'weight_from_gguf',
-           'quantise', 'weight_bytes', 'load_gguf_blocks']
+__all__ = ['BLOCK', 'FORMATS', 'BlockFormat', 'QuantisedWeight', 'quantised_linear', 'weight_from_gguf', 'quantise',
+           'weight_bytes', 'load_gguf_blocks']
 
 # %% ../nbs/18_quantised.ipynb #6dbf9815
 BLOCK = 32  # weights per block in the GGUF formats
-FEW_ROWS = 8  # compiled, up to this many input rows: product-and-sum; more: matmul
 
 
 @dataclass(frozen=True)
@@ -67,6 +66,9 @@ def _in_order(x: torch.Tensor, bits: int) -> torch.Tensor:
         return x.unflatten(-1, (-1, 4)).transpose(-1, -2)  # (..., nb, byte, word)
     halves = x.unflatten(-1, (2, 4, 4))  # (..., nb, nibble, word, byte)
     return halves.permute(*range(halves.dim() - 3), -1, -3, -2).flatten(-3, -2)
+
+# %% ../nbs/18_quantised.ipynb #1302011b
+FEW_ROWS = 8  # compiled, up to this many input rows: product-and-sum; more: matmul
 
 # %% ../nbs/18_quantised.ipynb #8d338c60
 def _in_weight_order(y: torch.Tensor, bits: int, W: int) -> torch.Tensor:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import load_checkpoint, save_checkpoint
+from .checkpoints import (
+    load_checkpoint, parse_json_object, save_checkpoint)
 from .checks import check_flag, check_float_dtype
 from .generation import generate
-from .gguf import load_pretrained
+from .gguf import load_pretrained, read_gguf
 from .lora import add_lora, load_adapter, save_adapter
 from .model import (
     GPT, GPTConfig, TextEncoder, TextEncoderConfig, Transformer, TransformerConfig)
@@ -28,7 +29,7 @@ from .training import train
 # %% ../nbs/95_front.ipynb #a3cff979
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
-         dtype: torch.dtype = torch.float32,  # of the weights (with blocks: the scales)
+         dtype: torch.dtype | str = torch.float32,  # of the weights; "auto": as stored
          device: str | torch.device | None = None,  # where the model goes (None: CPU)
          max_len: int | None = None,  # the longest sequence (None: the source's)
          keep_blocks: bool = False,  # a GGUF file's quantised blocks kept (chapter 18)
@@ -37,6 +38,8 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
     package reads, in eval mode; checked from the file's header before anything is
     built."""
     path = _check_load_args(source, dtype, keep_blocks, max_len)
+    if isinstance(dtype, str):  # "auto"
+        dtype = _stored_dtype(path)
     kw = dict(dtype=dtype, device=device, max_len=max_len)  # every loader's keywords
     if keep_blocks:
         return load_gguf_blocks(path, **kw)
@@ -51,7 +54,11 @@ def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source must be a path or a Hub id, got "
                         f"{type(source).__name__}")
-    check_float_dtype(dtype, allow_none=False)
+    if isinstance(dtype, str) and dtype != "auto":
+        raise TypeError(f"dtype must be a floating-point torch.dtype or 'auto', got "
+                        f"{dtype!r}")
+    if not isinstance(dtype, str):
+        check_float_dtype(dtype, allow_none=False)
     path = Path(source)
     if check_flag(keep_blocks, "keep_blocks") and path.suffix != ".gguf":
         raise ValueError(f"keep_blocks=True keeps a GGUF file's blocks; {source} is "
@@ -59,6 +66,32 @@ def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
     if max_len is not None and path.suffix == ".safetensors":
         raise ValueError("a checkpoint's max_len is its saved config's: pass none")
     return path
+
+
+_GGUF_FLOATS = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def _stored_dtype(path: Path) -> torch.dtype | None:
+    """What `dtype="auto"` is for a source: the type its weight matrices are stored in
+    (a GGUF file's matrices in blocks count as their scales', float16); None for a
+    checkpoint, whose weights each keep their own."""
+    if path.suffix == ".safetensors":
+        return None
+    if path.suffix == ".gguf":
+        kinds = {t.tensor_type.name for t in read_gguf(path)[1].values()
+                 if len(t.shape) == 2}
+        return next((v for k, v in _GGUF_FLOATS.items() if k in kinds), torch.float16)
+    if path.is_dir():
+        config = path / "config.json"
+    else:  # a Hub id: its config alone, first
+        from huggingface_hub import hf_hub_download
+        config = Path(hf_hub_download(str(path), "config.json"))
+    stored = parse_json_object(config.read_bytes(), str(config))
+    name = stored.get("torch_dtype") or stored.get("dtype") or "float32"
+    dtype = getattr(torch, str(name), None)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"{config}: torch_dtype {name!r} is not a floating-point type")
+    return dtype
 
 # %% ../nbs/95_front.ipynb #819029c6
 def main(argv: list[str] | None = None) -> int:  # the exit status

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import smollm2_gguf
+from helpers import gguf_file, smollm2_gguf
 
 # Ctrl-C to the prompt: at most 2 s on an idle machine (measured: under 0.1 s); make test runs
 # other test files beside this one on 2 cores, where a process may wait longer for its turn
@@ -62,6 +62,21 @@ def test_generate_prints_a_completion_and_bad_files_exit_2(tmp_path):
         assert run.stderr.count("\n") == 1 and source in run.stderr, run.stderr
         assert "Traceback" not in run.stderr
 
+
+
+def test_a_gguf_without_a_chat_template_cannot_chat_but_completes(tmp_path):
+    "Run as `python -m minitransformer`: the package's __main__ is the command too."
+    pytest.importorskip("gguf")
+    plain = str(gguf_file(tmp_path / "plain.gguf"))  # a tokenizer, no chat template
+    run = subprocess.run([sys.executable, "-m", "minitransformer", "chat", plain],
+                         text=True, capture_output=True, timeout=120, input="Hi\n")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert plain in run.stderr and "chat template" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    run = subprocess.run([sys.executable, "-m", "minitransformer", "generate", plain, "ab",
+                          "--max-new-tokens", "4"], text=True, capture_output=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip(), (run.stdout, run.stderr)
 
 class Terminal:
     "The command in a pseudo-terminal: what it writes, read as it comes."

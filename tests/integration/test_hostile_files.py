@@ -17,11 +17,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from minitransformer.checkpoints import load_checkpoint, save_checkpoint
-from minitransformer.gguf import gguf_llama_rules, load_gguf
+from minitransformer.gguf import load_gguf
 from minitransformer.lora import add_lora, load_adapter, lora_layers, save_adapter
 from minitransformer.model import GPT, GPTConfig
 from minitransformer.pretrained import PretrainedTokenizer, llama_config, llama_rules, load_folder
 from minitransformer.quantised import QuantisedWeight, load_gguf_blocks
+
+from helpers import GGUF_META, gguf_file
 
 gguf = pytest.importorskip("gguf")
 
@@ -159,47 +161,6 @@ def test_pytorch_bin_weights_are_not_unpickled(tmp_path):
 
 
 # --- GGUF --------------------------------------------------------------------------------
-GGUF_META = {
-    "llama.block_count": 2, "llama.context_length": 64, "llama.embedding_length": 32,
-    "llama.feed_forward_length": 48, "llama.attention.head_count": 4,
-    "llama.attention.head_count_kv": 2, "llama.attention.layer_norm_rms_epsilon": 1e-5,
-    "tokenizer.ggml.model": "gpt2",
-    "tokenizer.ggml.tokens": ["<s>"] + [chr(i) for i in range(97, 97 + 61)] + ["ab", "abc"],
-    "tokenizer.ggml.merges": ["a b", "ab c"], "tokenizer.ggml.bos_token_id": 0}
-
-
-def gguf_file(path: Path, blocks: bool = False, **changes) -> Path:
-    """A tiny llama GGUF (random weights: float32, or with `blocks` the matrices whose rows
-    are whole blocks in Q8_0); metadata `changes` by key, '.' as '_'."""
-    meta = GGUF_META | {k.replace("__", "."): v for k, v in changes.items()}
-    w = gguf.GGUFWriter(path, "llama")
-    for key, value in meta.items():
-        if isinstance(value, bool) or isinstance(value, str):
-            w.add_string(key, value) if isinstance(value, str) else w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        else:
-            w.add_array(key, value)
-    cfg = GPTConfig(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48,
-                    n_layers=2, activation="swiglu", norm="rmsnorm", bias=False,
-                    position_encoding="rotary", max_len=64, tie_weights=True)
-    state = GPT(cfg).state_dict()
-    for name, (src, _) in gguf_llama_rules(2, 4, 2, True).items():
-        array = state[name].contiguous().numpy()
-        if name != "head.weight" and blocks and array.ndim == 2 and array.shape[1] % 32 == 0:
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(src, gguf.quants.quantize(array, q8), raw_dtype=q8)
-        elif name != "head.weight":
-            w.add_tensor(src, array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def test_the_tiny_gguf_loads(tmp_path):
     loaded = load_gguf(gguf_file(tmp_path / "ok.gguf"))
     assert loaded.model.config.n_layers == 2 and loaded.tokenizer.bos == "<s>"

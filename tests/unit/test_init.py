@@ -10,7 +10,7 @@ from minitransformer.checkpoints import save_checkpoint
 import minitransformer as mt
 from minitransformer import load, main
 
-from helpers import tiny
+from helpers import gguf_file, tiny
 
 
 @pytest.fixture
@@ -29,6 +29,25 @@ def test_load_reads_a_package_checkpoint_in_any_dtype(checkpoint):
     half = load(str(path), dtype=torch.bfloat16, device="cpu")
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
 
+
+
+def test_dtype_auto_keeps_what_each_source_stores(checkpoint, tmp_path):
+    model, _ = checkpoint
+    half = save_checkpoint(model.to(torch.bfloat16), tmp_path / "half.safetensors")
+    assert {p.dtype for p in load(half, dtype="auto").model.parameters()} == {torch.bfloat16}
+    pytest.importorskip("gguf")
+    floats = gguf_file(tmp_path / "f32.gguf")  # its matrices in F32
+    assert load(floats, dtype="auto").model.embed.tok.weight.dtype == torch.float32
+    from minitransformer.lora import save_folder
+    folder = tmp_path / "folder"
+    save_folder(load(floats).model, folder)
+    config = folder / "config.json"
+    config.write_text(config.read_text().replace('"float32"', '"bfloat16"'))
+    assert '"bfloat16"' in config.read_text()
+    got = load(folder, dtype="auto").model
+    assert {p.dtype for p in got.parameters()} == {torch.bfloat16}
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype or 'auto'"):
+        load(floats, dtype="float16")
 
 def test_load_refuses_bad_arguments_before_reading(checkpoint, tmp_path):
     _, path = checkpoint

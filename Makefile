@@ -68,13 +68,14 @@ export: $(STAMP)
 execute: $(STAMP)
 	$(BIN)/python scripts/execute_nbs.py $(NB)
 
-# The linter (ruff, its rules in pyproject.toml), a fresh strict build (--all: warnings of unchanged pages
+# The linter (ruff) and the type checker (mypy), both set up in pyproject.toml, a fresh strict build (--all: warnings of unchanged pages
 # count too), then one pytest run: export drift and
 # project checks, property tests, the built HTML and the browser checks (JOBS workers, a file's tests
 # together on one: --dist loadfile); then nbval on every chapter as Colab runs it, from its own first
 # cell in a fresh runtime (JOBS runtimes); then the wheel and sdist (make dist).
 test: $(STAMP) $(VENDOR) chromium
 	$(BIN)/ruff check minitransformer
+	$(BIN)/mypy
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet
 	MT_BROWSER_TESTS=1 OMP_NUM_THREADS=$$(( $(CORES) / $(JOBS) )) \
 	  $(PYTEST) -n $(JOBS) --dist loadfile tests

@@ -11,6 +11,7 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,13 +39,12 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
     package reads, in eval mode; checked from the file's header before anything is
     built."""
     path = _check_load_args(source, dtype, keep_blocks, max_len)
-    if isinstance(dtype, str):  # "auto"
-        dtype = _stored_dtype(path)
-    kw = dict(dtype=dtype, device=device, max_len=max_len)  # every loader's keywords
+    stored = _stored_dtype(path) if isinstance(dtype, str) else dtype  # str: "auto"
+    kw: dict[str, Any] = dict(dtype=stored, device=device, max_len=max_len)  # (all's)
     if keep_blocks:
         return load_gguf_blocks(path, **kw)
     if path.suffix == ".safetensors":  # (its max_len is the saved config's)
-        model = load_checkpoint(path, dtype=dtype)
+        model = load_checkpoint(path, dtype=stored)
         return Pretrained(model.eval(), None, {}, str(path)).to(device)
     return load_pretrained(source, **kw)  # a .gguf file, a folder, a Hub id
 
@@ -190,9 +190,13 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
         if not line:
             continue
         asked, pieces = messages + [{"role": "user", "content": line}], []
+
+        def show(piece: str) -> None:  # printed as it comes, and kept
+            pieces.append(piece)
+            _show(piece)
         try:
             asked = _fit(loaded, asked, kw)
-            loaded.chat(asked, stream=lambda s: (pieces.append(s), _show(s)), **kw)
+            loaded.chat(asked, stream=show, **kw)
         except KeyboardInterrupt:  # Ctrl-C during a reply: keep what was written
             print("\n(stopped)", end="", file=sys.stderr)
         except (ValueError, TypeError) as e:  # a bad option, a message too long:
@@ -215,7 +219,9 @@ def _read_line(tty: bool) -> str:
 def _fit(loaded: Pretrained, messages: list[dict], kw: dict) -> list[dict]:
     """`messages` without their oldest turns (after a system message) until the
     conversation and a whole reply fit in the model's max_len."""
-    tok, room = loaded.tokenizer, loaded.model.config.max_len - kw["max_new_tokens"]
+    tok: Any = loaded.tokenizer  # and a GPT: main checked that the model can chat
+    config: Any = loaded.model.config
+    room = config.max_len - kw["max_new_tokens"]
     system = 1 if messages[0]["role"] == "system" else 0
     dropped = 0
     while (len(messages) > system + 1 and

@@ -18,7 +18,7 @@ from .qkv import check_qkv
 __all__ = ['attention_with_weights', 'scaled_dot_product_attention', 'attend']
 
 # %% ../nbs/04_attention.ipynb #4e9b74c7
-_SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa
+_SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= "2.5"  # enable_gqa
 
 
 def check_mask(mask: torch.Tensor | None, shape: torch.Size | tuple[int, ...]) -> None:
@@ -59,7 +59,8 @@ def _check_args(q, k, v, mask, dropout_p, scale, enable_gqa: bool = False,
     if mask is not None:
         lead = (q.shape[:-2] if enable_gqa  # K/V's heads are q's, grouped
                 else broadcast_shape(q.shape[:-2], k.shape[:-2]))
-        _check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))
+        # (lead is not None: q, k and v broadcast, as checked above)
+        _check_mask(mask, (*lead, q.shape[-2], k.shape[-2]))  # type: ignore[misc]
     check_flag(is_causal, "is_causal")
     return None if scale is None else check_number(scale, "scale")
 

@@ -8,6 +8,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, replace
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -31,7 +32,8 @@ def _model_tensors(model: nn.Module) -> tuple[dict, dict, dict]:
     """The state dict with each tensor once; a tied weight becomes an alias of another;
     a tensor made of tensors (a `QuantisedWeight`) is stored as its inner tensors,
     `name.<inner>`, and described in the third dict: {name: {"type", "ctx"}}."""
-    tensors, aliases, wrapped, seen = {}, {}, {}, {}
+    tensors, aliases, wrapped = {}, {}, {}
+    seen: dict[tuple, str] = {}  # a tensor's storages and shape -> its first name
     for name, t in model.state_dict().items():
         inner, ctx = ([], None) if not hasattr(t, "__tensor_flatten__") else (
             t.__tensor_flatten__())
@@ -91,8 +93,9 @@ def save_checkpoint(model: nn.Module, path: str | Path,
                          f"{odd[:5]}")
     tensors, aliases, wrapped = _model_tensors(model)
     tensors |= {name: t.detach().cpu().contiguous() for name, t in extra.items()}
+    config: Any = model.config  # a dataclass (a module's attributes are untyped)
     metadata = {"format": FORMAT, "model": kind, "aliases": json.dumps(aliases),
-                "config": json.dumps(asdict(model.config))}  # plain values only
+                "config": json.dumps(asdict(config))}  # plain values only
     if wrapped:
         metadata["wrapped"] = json.dumps(wrapped)
     if info is not None:
@@ -200,7 +203,8 @@ def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None
     if type(model).__name__ != kind:
         raise ValueError(f"{path} holds a {kind}, but the model is a "
                          f"{type(model).__name__}")
-    ours, theirs = asdict(model.config), asdict(config)
+    mine: Any = model.config  # (a module's attributes are untyped)
+    ours, theirs = asdict(mine), asdict(config)
     diff = sorted(k for k in ours.keys() | theirs.keys()
                   if theirs.get(k) != ours.get(k))
     if diff:
@@ -282,7 +286,8 @@ def expected_layout(cls: type, config) -> tuple[dict, dict]:
 
 def tied_parameters(model: nn.Module) -> dict[str, str]:
     "{name: the first name of the same parameter} for every parameter seen twice."
-    first, tied = {}, {}
+    first: dict[torch.Tensor, str] = {}
+    tied: dict[str, str] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         if p in first:
             tied[name] = first[p]
@@ -363,7 +368,7 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
-def _wrapped_type(name: str) -> type:
+def _wrapped_type(name: str) -> type[Any]:
     "The class a checkpoint's `wrapped` entry names (one of `_WRAPPED_TYPES`)."
     from .quantised import QuantisedWeight  # (chapter 18; it imports this module)
     return {"QuantisedWeight": QuantisedWeight}[name]
@@ -472,8 +477,9 @@ def read_train_state(path: Path, meta: dict, layout: dict,
     if saved_average != (averaged is not None):
         raise fail(f"the saved run had {'a' if saved_average else 'no'} weight "
                    "average; resume it with the same ema")
-    need = {f"{TRAIN_PREFIX}rng/cpu": None, f"{TRAIN_PREFIX}log/lrs": (step,),
-            f"{TRAIN_PREFIX}log/losses": (step,)}
+    need: dict[str, tuple[int, ...] | None] = {
+        f"{TRAIN_PREFIX}rng/cpu": None, f"{TRAIN_PREFIX}log/lrs": (step,),
+        f"{TRAIN_PREFIX}log/losses": (step,)}
     if averaged is not None:
         need |= {f"{TRAIN_PREFIX}average/{n}": tuple(trained[n].shape)
                  for n in averaged}

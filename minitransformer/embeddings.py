@@ -89,7 +89,7 @@ def check_id_list(ids, vocab_size: int | None = None, name: str = "ids") -> list
         if type(i) is not int and (not isinstance(i, numbers.Integral)
                                    or isinstance(i, bool)):
             raise TypeError(f"{name} must be ints, got {i!r} ({type(i).__name__})")
-        if i < 0 or vocab_size is not None and i >= vocab_size:
+        if int(i) < 0 or vocab_size is not None and int(i) >= vocab_size:
             raise ValueError(f"{name}: token id {i!r} is " + (
                 "negative" if vocab_size is None else f"outside the vocabulary of "
                 f"{vocab_size} tokens (ids 0..{vocab_size - 1})"))

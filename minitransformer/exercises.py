@@ -38,7 +38,7 @@ def _call(fn, what: str, args: tuple, case: str):
     "`fn(*args)` on copies of `args` (it may change them); its error in a sentence."
     if not callable(fn):
         raise TypeError(f"the checker takes your function, got {type(fn).__name__}")
-    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
     try:
         return fn(*args)
     except Exception as e:  # the reader's bug, named with the case that hit it

@@ -3,6 +3,7 @@
 # %% ../nbs/06_feedforward.ipynb #7953fe53
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -25,7 +26,8 @@ def activation(name: str, z: torch.Tensor) -> torch.Tensor:
     return _FUNCTIONS[name](z)
 
 
-_FUNCTIONS = {  # each name's function (`FeedForward` looks its own up: no check)
+# each name's function (`FeedForward` looks its own up: no check)
+_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # z * Phi(z), exact (erf), as in BERT
     "gelu_tanh": partial(F.gelu, approximate="tanh"),  # as in GPT-2's code

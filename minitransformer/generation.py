@@ -7,6 +7,7 @@ import functools
 import os
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -148,7 +149,7 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
         raise ValueError("an encoder–decoder model needs `source`; a decoder-only "
                          "model takes none")
     max_new_tokens = check_int(max_new_tokens, "max_new_tokens", minimum=0)
-    c = model.config
+    c: Any = model.config  # a GPTConfig or a TransformerConfig
     rows = _as_rows(prompts, "prompts", c.tgt_vocab_size if encdec else c.vocab_size)
     P = max(map(len, rows))
     total = P + max_new_tokens  # the last new token is never fed back
@@ -234,16 +235,18 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     B, P, device = len(rows), max(map(len, rows)), next(model.parameters()).device
     total = P + max_new_tokens  # the last new token is never fed back
     ids, real, positions = _left_padded(rows, total, pad, device)
+    # (the type: ignores below: encdec says that model is a Transformer, which the
+    # type checker cannot follow)
     memory = source_mask = None
     if encdec:  # the sources, padded on the right, through the encoder once
         src = pad_ids(src_rows, pad)[0].to(device)
-        memory, source_mask = model.encode(src)
+        memory, source_mask = model.encode(src)  # type: ignore[operator]
     cache, static = None, backend is not None
     slots = _slots(total, model.config.max_len) if static else total  # cache length
     if use_cache and encdec:
-        cache = model.make_cache(memory, slots, static)  # cross-attention filled once
+        cache = model.make_cache(memory, slots, static)  # type: ignore[arg-type]
     elif use_cache:
-        cache = model.make_cache(B, slots, static=static)
+        cache = model.make_cache(B, slots, static=static)  # type: ignore[arg-type]
     if static:  # the mask covers every slot; those not yet written are not real
         real = torch.cat([real, real.new_zeros(B, max(slots - total, 0))], 1)
         slot_real = real[:, :slots]  # (B, slots): a view (the last token is never fed)
@@ -252,7 +255,8 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     step = _step if backend is None else _compiled_step(backend, greedy)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
-    drawn, out, done = [], [[] for _ in range(B)], [False] * B
+    out: list[list[int]] = [[] for _ in range(B)]  # each row's new tokens
+    drawn, done = [], [False] * B
     for t in range(P, total):
         one = cache is not None and t > P  # the newest token alone, after the cache
         lo = t - 1 if one else 0
@@ -267,7 +271,7 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         mem = memory if cache is None else None  # (a cache holds the encoder's keys)
         logits = (step if one else _step)(model, ids[:, lo:t], mem, source_mask, kw)
         if one and static:  # (its caller, generate, keeps the cache's length)
-            cache.length = t
+            cache.length = t  # type: ignore[union-attr]  # static: a cache
         nxt = (logits if one and static and greedy  # (B,): the step chose them
                else _sample(logits, *sampling))  # -1 where the logits are not finite
         ids[:, t], real[:, t] = nxt.clamp(min=0), True
@@ -325,8 +329,8 @@ _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
 # speed (the matrix library's one-row product on a CPU does not); and the step's
 # kernels recorded once as a CUDA graph and replayed, one launch a token (the option
 # behind mode="reduce-overhead"; inductor sets it aside for a step on the CPU)
-_INDUCTOR_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}},
-                     "triton.cudagraphs": True}
+_INDUCTOR_OPTIONS: dict[str, Any] = {
+    "post_grad_fusion_options": {"decompose_mm_pass": {}}, "triton.cudagraphs": True}
 
 
 def _slots(total: int, max_len: int) -> int:
@@ -364,7 +368,7 @@ def _compiled_step(backend: str, greedy: bool):
         ids = ids.clone(**own)  # generate's buffers (whose offsets change each step)
         kw = kw | dict(positions=kw["positions"].clone(**own))
         try:
-            with cfg.patch(**limits):  # (never silently eager)
+            with cfg.patch(limits):  # (never silently eager)
                 return compiled(model, ids, memory, source_mask, kw).clone()
         except hit as e:
             raise RuntimeError(

@@ -92,9 +92,10 @@ def gguf_llama_rules(n_layers: int, n_heads: int, n_kv_heads: int,
     n_layers, tied = check_positive_int(n_layers, "n_layers"), check_flag(tied, "tied")
     n_heads = check_positive_int(n_heads, "n_heads")
     n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
-    rules = {"embed.tok.weight": ("token_embd.weight", None),
-             "decoder.norm.weight": ("output_norm.weight", None),
-             "head.weight": ("token_embd.weight" if tied else "output.weight", None)}
+    rules: dict[str, Rule] = {
+        "embed.tok.weight": ("token_embd.weight", None),
+        "decoder.norm.weight": ("output_norm.weight", None),
+        "head.weight": ("token_embd.weight" if tied else "output.weight", None)}
     parts = {"self_attn.qkv.q_proj": ("attn_q", _unpermute(n_heads)),
              "self_attn.qkv.k_proj": ("attn_k", _unpermute(n_kv_heads)),
              "self_attn.qkv.v_proj": ("attn_v", None),
@@ -210,7 +211,7 @@ def tokenizer_from_gguf(meta: dict) -> PretrainedTokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}  # a token's position is its id
     pairs = [tuple(m.split(" ", 1)) for m in merges]  # in the order they were learned
     backend = Backend(models.BPE(vocab, pairs, ignore_merges=False))
-    split = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    split: list = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
     if meta.get("tokenizer.ggml.pre") == "smollm":  # digits one at a time, then GPT-2's
         split.insert(0, pre_tokenizers.Digits(individual_digits=True))
     backend.pre_tokenizer = pre_tokenizers.Sequence(split)
@@ -252,8 +253,8 @@ def read_gguf_llama(path, max_len: int | None = None) -> GGUFLlama:
         config = gguf_config(meta, tensors, max_len)
         check_layer_count(path, config, len(tensors))
         tokenizer = tokenizer_from_gguf(meta)  # first: it may refuse the file
-    rules = gguf_llama_rules(config.n_layers, config.n_heads, config.n_kv_heads,
-                             config.tie_weights)
+    rules = gguf_llama_rules(config.n_layers, config.n_heads,
+                             config.n_kv_heads or config.n_heads, config.tie_weights)
     return GGUFLlama(Path(path), config, tokenizer, rules, tensors)
 
 

@@ -103,8 +103,10 @@ def answer_because_data(seed: int = 0, held_out: float = 0.25,
     are asked three ways each for training, so the two share no slot value."""
     rng = random.Random(_check_data_args(seed, held_out))
     sums = [(a, b) for a in range(12, 60, 6) for b in range(13, 60, 9)]
-    tables = {"capital": sorted(_CAPITALS), "legs": sorted(_LEGS), "sum": sums}
-    train, test = [], []
+    tables: dict[str, list] = {"capital": sorted(_CAPITALS), "legs": sorted(_LEGS),
+                               "sum": sums}
+    train: list[tuple[str, str, str]] = []
+    test: list[tuple[str, str, str]] = []
     for kind, values in tables.items():
         rng.shuffle(values)
         cut = round(len(values) * held_out)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +33,8 @@ class KVCache(nn.Module):
     `(T,)` tensor of positions in the buffers, the caller keeping the length (no
     number on the host is read or changed). In a `DecoderCache`, the layers' caches
     share the stack's one length, which the `Decoder` advances once per call."""
+    k: torch.Tensor  # the keys and values: buffers (B, H_kv, max_len, D), made below
+    v: torch.Tensor
 
     def __init__(self, batch_size: int,
                  n_kv_heads: int,  # H_kv, the key/value heads (n_kv_heads of a layer)
@@ -255,18 +258,20 @@ class DecoderCache:
                     static: bool = False) -> DecoderCache:
         "Empty caches shaped for `decoder`, on its device and in its dtype."
         _check_for_decoder(decoder, source_len)
-        attn, p = decoder.layers[0].self_attn, next(decoder.parameters())
+        attn: Any = decoder.layers[0].self_attn  # (a module's attribute: untyped)
+        p = next(decoder.parameters())
         return cls.allocate(len(decoder.layers), batch_size, attn.n_kv_heads, max_len,
                             attn.head_dim, source_len, p.device, p.dtype, static)
 
     def fill_cross_attention(self, decoder: Decoder, memory: torch.Tensor) -> None:
         "Project the encoder output `memory` `(B, S, C)` into each layer's cross cache."
         _check_cross_fill(self, decoder, memory)  # empty, and fits `memory`
+        layer: Any  # (a module: its attributes are untyped)
         try:
-            for layer, c in zip(decoder.layers, self.cross_attn):
+            for layer, c in zip(decoder.layers, self.cross_attn or []):
                 c.update(*layer.cross_attn.context_keys_values(memory))
         except Exception:  # all or nothing: no layer stays filled
-            for c in self.cross_attn:
+            for c in self.cross_attn or []:
                 c.reset()
             raise
 
@@ -297,7 +302,8 @@ class DecoderCache:
         if len(self.self_attn) != n or len(cross or [None] * n) != n:
             raise ValueError(f"the cache has {len(self.self_attn)} layers' caches "
                              f"for a stack of {n} layers")
-        attn, w = decoder.layers[0].self_attn, decoder.layers[0].ff_norm.weight
+        first: Any = decoder.layers[0]  # (a module's attribute: untyped)
+        attn, w = first.self_attn, first.ff_norm.weight
         want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
         for c in self.self_attn + list(cross or []):  # allocated for this call?
             got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)

@@ -148,8 +148,9 @@ class EncoderLayer(_Sublayers):
     def __init__(self, cfg: LayerConfig, rotary: nn.Module | None = None):
         super().__init__(cfg)
         self.self_attn = self._attention(rotary)
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias,
-                              cfg.dropout)
+        self.ff = FeedForward(  # (cfg.d_ff: an int once the config is made)
+            cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias,  # type: ignore[arg-type]
+            cfg.dropout)
         self.attn_norm, self.ff_norm = cfg.make_norm(), cfg.make_norm()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
@@ -175,8 +176,9 @@ class DecoderLayer(_Sublayers):
         self.attn_norm = cfg.make_norm()
         self.cross_attn = self._attention() if cross_attention else None
         self.cross_norm = cfg.make_norm() if cross_attention else None
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias,
-                              cfg.dropout)
+        self.ff = FeedForward(  # (cfg.d_ff: an int once the config is made)
+            cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias,  # type: ignore[arg-type]
+            cfg.dropout)
         self.ff_norm = cfg.make_norm()
 
     def forward(self,
@@ -192,7 +194,7 @@ class DecoderLayer(_Sublayers):
                 ) -> torch.Tensor:
         attend = dict(mask=mask, positions=positions, cache=self_cache,
                       is_causal=is_causal, cache_position=cache_position)
-        steps = [(self.attn_norm, self.self_attn, (), attend)]
+        steps: list[tuple] = [(self.attn_norm, self.self_attn, (), attend)]
         if self.cross_attn is not None:  # over memory, or the cache filled from it
             context = memory if memory is not None else cross_cache
             steps.append((self.cross_norm, self.cross_attn, (context,),
@@ -234,6 +236,7 @@ class _DecoderPlumbing(nn.Module):
     """What a `Decoder` does besides computing: while generating, it hands each layer
     its caches and advances the stack's length; `check_cache` is for the models, which
     check a cache where their call begins."""
+    layers: nn.ModuleList  # (the Decoder's)
 
     def check_cache(self, cache, B: int, T: int, memory=None,
                     cache_position=None) -> int:

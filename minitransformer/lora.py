@@ -9,6 +9,7 @@ import math
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -34,7 +35,7 @@ def _fingerprint(weight: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def _check_settings(base: nn.Linear, r, alpha, dropout,
+def _check_settings(base: nn.Module, r, alpha, dropout,
                     name: str = "the layer") -> tuple[int, float, float]:
     "A LoRA layer's r, alpha and dropout, checked (r at most `base`'s smaller side)."
     if not isinstance(base, nn.Linear):
@@ -58,7 +59,7 @@ class LoRALinear(nn.Module):
         self.r, self.alpha, self.dropout = _check_settings(base, r, alpha, dropout)
         self.scaling = self.alpha / self.r
         self.base = base.requires_grad_(False)  # frozen
-        kw = dict(device=base.weight.device, dtype=base.weight.dtype)
+        kw: dict[str, Any] = dict(device=base.weight.device, dtype=base.weight.dtype)
         self.A = nn.Parameter(torch.empty(r, base.in_features, **kw))  # down: in -> r
         self.B = nn.Parameter(torch.zeros(base.out_features, r, **kw))  # up: r -> out
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear (and peft)
@@ -284,7 +285,8 @@ def _check_adapter(model: nn.Module, path: Path, meta: dict, shapes: dict) -> di
     every tensor's name and shape. Returns each layer's checked settings."""
     layers = parse_json_object(meta["layers"], f"{path}'s layer list")
     have, params = lora_layers(model), dict(model.named_parameters())
-    specs, want = {}, {}
+    specs: dict[str, dict] = {}
+    want: dict[str, tuple[int, ...]] = {}
     for name, spec in layers.items():
         m = have.get(name)
         base = _linear(model, name, path) if m is None else m.base
@@ -347,7 +349,7 @@ def _linear(model: nn.Module, name: str, path: Path) -> nn.Linear:
 def _hf_layers(model: nn.Module) -> dict[str, str]:
     """Our linear layers' names → their names in the `transformers` model (Llama for
     a `GPT`, BERT's `BertModel` for a `TextEncoder`): chapter 15's rules, reversed."""
-    c = model.config
+    c: Any = model.config  # (a module's attribute: untyped)
     if isinstance(model, GPT):  # LlamaForCausalLM keeps the stack under `model.`
         rules = {k: (v if v == "lm_head.weight" else f"model.{v}", how)
                  for k, (v, how) in llama_rules(c.n_layers, c.tie_weights).items()}
@@ -485,7 +487,7 @@ def _peft_settings(cfg: dict) -> dict:
     for key in ("r", "lora_alpha"):
         if key not in cfg:
             raise ValueError(f"the config lacks {key!r}")
-    out = {"r": check_positive_int(cfg["r"], "r"),
+    out: dict[str, Any] = {"r": check_positive_int(cfg["r"], "r"),
            "lora_alpha": check_number(cfg["lora_alpha"], "lora_alpha", low=0,
                                       low_open=True),
            "lora_dropout": check_dropout(cfg.get("lora_dropout", 0.0), "lora_dropout")}
@@ -570,19 +572,19 @@ def _read_peft(model: nn.Module, folder: Path) -> tuple[dict, dict]:
         return specs, {keys[k]: f.get_tensor(k) for k in layout}
 
 # %% ../nbs/17_lora.ipynb #f9718c93
-def save_folder(model: nn.Module, folder) -> Path:
+def save_folder(model: GPT, folder) -> Path:
     """Write a Llama-style `GPT` as a Hugging Face folder (config.json and
     model.safetensors, Llama's names) that `transformers` and `load_folder` read.
     LoRA layers are written merged, W + (alpha / r) B A, and a weight kept in blocks
     (chapter 18) dequantised: the folder holds floats; `model` itself is left as it
     is. Tokenizer files are not written: copy them beside."""
     _check_llama(model)  # a choice Llama's config cannot express is refused
-    c, tensors = model.config, {}
+    c, tensors = model.config, dict[str, torch.Tensor]()
     for ours, (theirs, _) in llama_rules(c.n_layers, c.tie_weights).items():
         key = theirs if theirs == "lm_head.weight" else f"model.{theirs}"
-        layer = model.get_submodule(ours.removesuffix(".weight"))
+        layer: Any = model.get_submodule(ours.removesuffix(".weight"))
         lora = isinstance(layer, LoRALinear)
-        w = layer.weight if lora else model.get_parameter(ours)
+        w: Any = layer.weight if lora else model.get_parameter(ours)
         with torch.no_grad():
             if hasattr(w, "__tensor_flatten__"):  # a tensor of tensors: its floats
                 w = torch.empty(w.shape, dtype=w.dtype).copy_(w)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -50,7 +51,7 @@ class TextConfig(LayerConfig):
         self._check("rope_interleaved", check_flag)
         self._check("pad_id", check_int, minimum=0)
 
-    _encodings = POSITION_ENCODINGS  # the position encodings the model supports
+    _encodings: ClassVar[tuple[str, ...]] = POSITION_ENCODINGS  # those it takes
 
 # %% ../nbs/11_model.ipynb #7f5bef0e
 class _Embed(nn.Module):
@@ -63,7 +64,7 @@ class _Embed(nn.Module):
         scaled = encoding == "sinusoidal"  # 2017: embeddings * sqrt(C) + waves
         self.tok = TokenEmbedding(vocab_size, d_model, padding_idx, scale=scaled,
                                   init_std=d_model ** -0.5 if scaled else 0.02)
-        self.pos = None  # rotary: positions act inside attention instead
+        self.pos: nn.Module | None = None  # rotary: positions act inside attention
         if encoding == "learned":
             self.pos = LearnedPositions(d_model, max_len)
         elif encoding == "sinusoidal":
@@ -124,7 +125,7 @@ def _check_pad_id(pad_id: int, *vocab_sizes: int) -> None:
                          f"got {pad_id}")
 
 
-def _ids(ids: torch.Tensor, name: str) -> tuple[int, int]:
+def _ids(ids: torch.Tensor, name: str) -> tuple[int, ...]:
     "`(B, T)` of token ids `(B, T)`, B, T >= 1 (their values: check_token_ids)."
     if not is_integer_tensor(ids, name):
         raise TypeError(f"{name} must be integer token ids (torch.long), got "
@@ -161,8 +162,8 @@ def _check_ranges(ids, vocab_size: int, name: str, positions=None, max_len=0) ->
         return
     both = positions is not None and positions.numel()
     ends = [ids.min(), ids.max()] + ([positions.min(), positions.max()] if both else [])
-    ends = torch.stack([e.to(ids.device, torch.long) for e in ends])  # one transfer
-    low, high, *where = ends.tolist()
+    low, high, *where = torch.stack(  # one transfer
+        [e.to(ids.device, torch.long) for e in ends]).tolist()
     if low < 0 or high >= vocab_size:
         check_token_ids(ids, vocab_size, name)  # raises, naming the first bad id
     if where and (where[0] < 0 or where[1] >= max_len):
@@ -178,9 +179,10 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
                     cache, memory, attention_mask, full_attention_mask,
                     last_only=False, cache_position=None) -> int:
     "Raise unless a `GPT`'s or `Transformer`'s decoder arguments fit; return B."
-    c = model.config
+    c: Any = model.config  # (a module's attribute: untyped)
+    decoder: Any = model.decoder
     B, T = _ids(ids, name)
-    keys = model.decoder.check_cache(cache, B, T, memory, cache_position)  # fit, room
+    keys = decoder.check_cache(cache, B, T, memory, cache_position)  # fit, room
     past = 0 if cache is None or cache_position is not None else len(cache)
     _check_length(T, c.max_len, past)
     if positions is not None:

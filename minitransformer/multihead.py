@@ -3,6 +3,8 @@
 # %% ../nbs/05_multihead.ipynb #41f61e49
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -68,6 +70,7 @@ class HeadProjection(nn.Module):
     keeps self-attention's keys and values across calls (a static one writes them at
     `cache_position`, their slots in its buffers), and `context` may be a cache
     already filled with the context's keys and values."""
+    rotary: Any  # a RotaryEmbedding (chapter 7) or None: a module, duck-typed here
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True,
                  rotary: nn.Module | None = None, device=None, dtype=None,

@@ -80,11 +80,12 @@ def gpt2_rules(n_layers: int, tied: bool = True) -> dict[str, Rule]:
     """Our `GPT`'s tensors ← a `transformers` GPT-2 checkpoint's: its Conv1D weights
     are transposed and its fused `c_attn` is cut into queries, keys and values."""
     n_layers, tied = check_positive_int(n_layers, "n_layers"), check_flag(tied, "tied")
-    rules = {"embed.tok.weight": ("wte.weight", None),
-             "embed.pos.weight": ("wpe.weight", None),
-             "decoder.norm.weight": ("ln_f.weight", None),
-             "decoder.norm.bias": ("ln_f.bias", None),
-             "head.weight": ("wte.weight" if tied else "lm_head.weight", None)}
+    rules: dict[str, Rule] = {
+        "embed.tok.weight": ("wte.weight", None),
+        "embed.pos.weight": ("wpe.weight", None),
+        "decoder.norm.weight": ("ln_f.weight", None),
+        "decoder.norm.bias": ("ln_f.bias", None),
+        "head.weight": ("wte.weight" if tied else "lm_head.weight", None)}
     for i in range(n_layers):
         ours, theirs = f"decoder.layers.{i}.", f"h.{i}."
         for p in ("weight", "bias"):
@@ -157,8 +158,7 @@ def _check_build_args(cls, tensor, dtype) -> None:
     check_float_dtype(dtype)
 
 # %% ../nbs/15_pretrained.ipynb #3a424164
-# Tensors a checkpoint may hold that none of our modules needs, and why.
-KNOWN_UNUSED = {
+KNOWN_UNUSED = {  # what a checkpoint may hold that none of our modules needs: why
     "embeddings.position_ids": "an index buffer 0, 1, ..., recomputed at each call",
     "embeddings.token_type_ids": "a buffer of zeros, the default token types",
     "pooler.": "BERT's pooler (a tanh layer over [CLS]), for its pre-training task",
@@ -315,7 +315,7 @@ def gpt2_config(cfg: dict) -> GPTConfig:
 
 
 # model_type in config.json -> (our class, config maker, rules maker, prefixes to strip)
-FAMILIES = {
+FAMILIES: dict[str, tuple[type, Callable, Callable, tuple[str, ...]]] = {
     "bert": (TextEncoder, bert_config, lambda c: bert_rules(c.n_layers), ("bert.",)),
     "llama": (GPT, llama_config, lambda c: llama_rules(c.n_layers, c.tie_weights),
               ("model.",)),
@@ -329,7 +329,7 @@ def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def _check_talker(loaded, max_new_tokens, stream) -> None:
+def _check_talker(loaded, max_new_tokens, stream) -> tuple[GPT, PretrainedTokenizer]:
     "Raise unless `loaded` holds a `GPT` and its tokenizer, and the arguments fit."
     if not isinstance(loaded.model, GPT) or loaded.tokenizer is None:
         raise ValueError(f"{loaded.source} is not a language model with a tokenizer "
@@ -337,6 +337,7 @@ def _check_talker(loaded, max_new_tokens, stream) -> None:
     check_int(max_new_tokens, "max_new_tokens", minimum=0)
     if stream is not None and not callable(stream):
         raise TypeError(f"stream must be callable, got {type(stream).__name__}")
+    return loaded.model, loaded.tokenizer
 
 
 def _generation_ends(file: Path, backend) -> tuple[str, ...]:
@@ -350,7 +351,7 @@ def _generation_ends(file: Path, backend) -> tuple[str, ...]:
     if None in tokens:
         raise ValueError(f"{file}: eos_token_id must be token ids of the vocabulary, "
                          f"got {ids!r:.60}")
-    return tuple(tokens)
+    return tuple(t for t in tokens if t is not None)  # (all of them)
 
 
 def _check_specials(backend, tokens: dict, chat_template) -> None:
@@ -449,8 +450,8 @@ class PretrainedTokenizer:
                 else cfg.get("chat_template"))
         end = _generation_ends(folder / "generation_config.json", backend)
         with name_in_errors(extra):
-            return cls(backend, *(_token_text(cfg.get(f"{k}_token")) for k in
-                                  ("bos", "eos", "pad")), chat, end=end)
+            t = [_token_text(cfg.get(f"{k}_token")) for k in ("bos", "eos", "pad")]
+            return cls(backend, t[0], t[1], t[2], chat, end=end)
 
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
         """Token ids of `text`: with `special_tokens`, the model's own additions ([CLS]
@@ -482,7 +483,7 @@ class PretrainedTokenizer:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _template_refuses
-        return env.from_string(self.chat_template).render(
+        return env.from_string(self.chat_template or "").render(  # (checked)
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos or "", eos_token=self.eos or "")
 
@@ -514,16 +515,16 @@ class Pretrained:
 
     def _reply(self, said, chat=False, *, max_new_tokens=256, temperature=0.0,
                top_k=None, top_p=None, seed=None, stream=None, compile=False) -> str:
-        _check_talker(self, max_new_tokens, stream)
-        text = self.tokenizer.apply_chat_template(said) if chat else said
-        prompt = self.tokenizer.encode(text, special_tokens=not chat)  # (a template's)
-        room = self.model.config.max_len + 1 - len(prompt)  # (the last is not fed)
+        model, tok = _check_talker(self, max_new_tokens, stream)  # a GPT; a tokenizer
+        text = tok.apply_chat_template(said) if chat else said
+        prompt = tok.encode(text, special_tokens=not chat)  # (a template's specials)
+        room = model.config.max_len + 1 - len(prompt)  # (the last is not fed)
         generator = None if seed is None else torch.Generator(
-            next(self.model.parameters()).device).manual_seed(seed)
-        pieces = _TextPieces(self.tokenizer.decode, stream)
-        ids = generate(self.model, [prompt], max(0, min(max_new_tokens, room)),
+            next(model.parameters()).device).manual_seed(seed)
+        pieces = _TextPieces(tok.decode, stream)
+        ids = generate(model, [prompt], max(0, min(max_new_tokens, room)),
                        temperature=temperature, top_k=top_k, top_p=top_p,
-                       stop_token=self.tokenizer.end_ids, generator=generator,
+                       stop_token=tok.end_ids, generator=generator,
                        compile=compile, callback=pieces.add if stream else None)[0]
         pieces.add(ids[len(pieces.ids):], last=True)  # the rest (or, unstreamed, all)
         return pieces.text

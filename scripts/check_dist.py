@@ -188,12 +188,16 @@ def install_and_import(artifact: Path, work: Path, constraints: Path, cfg: dict)
               env=env, cwd=work)
     if "chat" not in cli.stdout or "generate" not in cli.stdout:
         fail(f"{artifact.name}: `minitransformer --help` does not list chat and generate: {cli.stdout!r}")
+    module = run([py, "-I", "-m", "minitransformer", "--help"], f"python -m minitransformer from {artifact.name}",
+                 env=env, cwd=work)
+    if module.stdout != cli.stdout:
+        fail(f"{artifact.name}: `python -m minitransformer --help` differs from the command's")
     if got["version"] != cfg["version"]:
         fail(f"{artifact.name}: minitransformer.__version__ is {got['version']}, settings.ini says {cfg['version']}")
     deps = " ".join(f"{k}=={v}" for k, v in got["installed"].items() if k != cfg["lib_name"])
     say(f"{artifact.name}: installed in {t_install:.0f} s (venv + pip), Python {got['python']}; "
         f"{len(got['modules'])} modules import, __version__ {got['version']}, GPT forward + generate ok, "
-        f"the command minitransformer runs "
+        f"the command minitransformer and python -m minitransformer run "
         f"({time.perf_counter() - t0:.0f} s)")
     say(f"  environment: {deps}")
     return t_install

@@ -17,8 +17,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def smol():
     pytest.importorskip("gguf")
-    from minitransformer.gguf import load_gguf
-    return load_gguf(smollm2_gguf(), max_len=512)
+    import minitransformer as mt
+    return mt.load(smollm2_gguf(), max_len=512)
 
 
 def test_chat_stops_at_the_end_of_the_turn_and_streams_the_same_text(smol):
@@ -41,9 +41,11 @@ def test_sampled_replies_repeat_with_their_seed_and_complete_continues_text(smol
 
 def test_a_bfloat16_model_stops_at_the_end_of_the_turn_too():
     pytest.importorskip("gguf")
-    from minitransformer.gguf import load_gguf
-    half = load_gguf(smollm2_gguf(), dtype=torch.bfloat16, max_len=256)
+    import minitransformer as mt
+    half = mt.load(smollm2_gguf(), dtype=torch.bfloat16, max_len=256)
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    stored = mt.load(smollm2_gguf(), dtype="auto", max_len=256)  # Q4_1/Q8_0: f16 scales
+    assert {p.dtype for p in stored.model.parameters()} == {torch.float16}
     reply = half.chat(QUESTION, max_new_tokens=48)
     assert "Paris" in reply and len(half.tokenizer.encode(reply, special_tokens=False)) < 48
 

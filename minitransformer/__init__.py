@@ -19,7 +19,7 @@ from .checkpoints import (
     load_checkpoint, parse_json_object, save_checkpoint)
 from .checks import check_flag, check_float_dtype
 from .generation import generate
-from .gguf import load_pretrained, read_gguf
+from .gguf import load_pretrained
 from .lora import add_lora, load_adapter, save_adapter
 from .model import (
     GPT, GPTConfig, TextEncoder, TextEncoderConfig, Transformer, TransformerConfig)
@@ -39,13 +39,15 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
     package reads, in eval mode; checked from the file's header before anything is
     built."""
     path = _check_load_args(source, dtype, keep_blocks, max_len)
-    stored = _stored_dtype(path) if isinstance(dtype, str) else dtype  # str: "auto"
-    kw: dict[str, Any] = dict(dtype=stored, device=device, max_len=max_len)  # (all's)
+    if path.suffix == ".safetensors":  # (its max_len is the saved config's; "auto":
+        model = load_checkpoint(  # each weight keeps its own dtype)
+            path, dtype=None if isinstance(dtype, str) else dtype)
+        return Pretrained(model.eval(), None, {}, str(path)).to(device)
+    if isinstance(dtype, str) and path.suffix != ".gguf":  # "auto": a GGUF file's
+        dtype = _config_dtype(path)  # loader reads it from the header it reads anyway
+    kw: dict[str, Any] = dict(dtype=dtype, device=device, max_len=max_len)  # (all's)
     if keep_blocks:
         return load_gguf_blocks(path, **kw)
-    if path.suffix == ".safetensors":  # (its max_len is the saved config's)
-        model = load_checkpoint(path, dtype=stored)
-        return Pretrained(model.eval(), None, {}, str(path)).to(device)
     return load_pretrained(source, **kw)  # a .gguf file, a folder, a Hub id
 
 # %% ../nbs/95_front.ipynb #dc14d6dd
@@ -54,11 +56,7 @@ def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source must be a path or a Hub id, got "
                         f"{type(source).__name__}")
-    if isinstance(dtype, str) and dtype != "auto":
-        raise TypeError(f"dtype must be a floating-point torch.dtype or 'auto', got "
-                        f"{dtype!r}")
-    if not isinstance(dtype, str):
-        check_float_dtype(dtype, allow_none=False)
+    check_float_dtype(dtype, allow_none=False, allow_auto=True)
     path = Path(source)
     if check_flag(keep_blocks, "keep_blocks") and path.suffix != ".gguf":
         raise ValueError(f"keep_blocks=True keeps a GGUF file's blocks; {source} is "
@@ -68,19 +66,9 @@ def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
     return path
 
 
-_GGUF_FLOATS = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-
-
-def _stored_dtype(path: Path) -> torch.dtype | None:
-    """What `dtype="auto"` is for a source: the type its weight matrices are stored in
-    (a GGUF file's matrices in blocks count as their scales', float16); None for a
-    checkpoint, whose weights each keep their own."""
-    if path.suffix == ".safetensors":
-        return None
-    if path.suffix == ".gguf":
-        kinds = {t.tensor_type.name for t in read_gguf(path)[1].values()
-                 if len(t.shape) == 2}
-        return next((v for k, v in _GGUF_FLOATS.items() if k in kinds), torch.float16)
+def _config_dtype(path: Path) -> torch.dtype:
+    """`dtype="auto"` for a folder or a Hub repo: its config's `torch_dtype` (float32 if
+    it names none)."""
     if path.is_dir():
         config = path / "config.json"
     else:  # a Hub id: its config alone, first

@@ -161,15 +161,18 @@ def is_integer_tensor(t: torch.Tensor, name: str = "t") -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
-def check_float_dtype(dtype, name: str = "dtype", allow_none: bool = True) -> None:
+def check_float_dtype(dtype, name: str = "dtype", allow_none: bool = True,
+                      allow_auto: bool = False) -> None:
     """Raise unless `dtype` is a floating-point torch.dtype, or None (torch's default)
-    where `allow_none`."""
-    if dtype is None and allow_none:
+    where `allow_none`, or "auto" (what a file stores) where `allow_auto`."""
+    if dtype is None and allow_none or allow_auto and isinstance(dtype, str) and (
+            dtype == "auto"):
         return
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         default = " (or None for the default)" if allow_none else ""
+        auto = " (or 'auto': as stored)" if allow_auto else ""
         raise TypeError(f"{name} must be a floating-point torch.dtype such as "
-                        f"torch.float32{default}, got {dtype!r}")
+                        f"torch.float32{default}{auto}, got {dtype!r}")
 
 
 def autocast_on(device_type: str) -> bool:

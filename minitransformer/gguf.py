@@ -244,6 +244,16 @@ class GGUFLlama:
         "The file's tensor name -> its shape, in PyTorch's order."
         return {name: _gguf_shape(t) for name, t in self.tensors.items()}
 
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        """The floating-point type the file's matrices are stored in (`dtype="auto"`):
+        F32, F16 or BF16 matrices, or float16 when all are in blocks (their scales)."""
+        kinds = {t.tensor_type.name for t in self.tensors.values() if len(t.shape) == 2}
+        return next((v for k, v in _GGUF_FLOATS.items() if k in kinds), torch.float16)
+
+
+_GGUF_FLOATS = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
 
 def read_gguf_llama(path, max_len: int | None = None) -> GGUFLlama:
     """A llama.cpp GGUF file of the Llama architecture with a byte-level BPE vocabulary
@@ -258,14 +268,16 @@ def read_gguf_llama(path, max_len: int | None = None) -> GGUFLlama:
     return GGUFLlama(Path(path), config, tokenizer, rules, tensors)
 
 
-def load_gguf(path, *, dtype: torch.dtype = torch.float32,
+def load_gguf(path, *, dtype: torch.dtype | str = torch.float32,
               device: str | torch.device | None = None,
               max_len: int | None = None) -> Pretrained:
     """A Llama GGUF file (`read_gguf_llama`; any quantisation `gguf` reads) as our
-    `GPT` dequantised to `dtype`, with its tokenizer and chat template. Everything is
-    checked from the file's header before the model is built."""
-    check_float_dtype(dtype)
+    `GPT` dequantised to `dtype` ("auto": `GGUFLlama.stored_dtype`), with its tokenizer
+    and chat template. Everything is checked from the file's header before the model is
+    built."""
+    check_float_dtype(dtype, allow_auto=True)
     file = read_gguf_llama(path, max_len)
+    dtype = file.stored_dtype if isinstance(dtype, str) else dtype
     model, unused = model_from_rules(GPT, file.config, file.rules,
                                      lambda k: tensor_from_gguf(file.tensors[k]),
                                      file.shapes, dtype, str(path))

@@ -569,15 +569,16 @@ def _gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's he
     return model
 
 # %% ../nbs/18_quantised.ipynb #23728bf5
-def load_gguf_blocks(path, *, dtype: torch.dtype = torch.float32,
+def load_gguf_blocks(path, *, dtype: torch.dtype | str = torch.float32,
                      device: str | torch.device | None = None,
                      max_len: int | None = None) -> Pretrained:
     """A Llama GGUF file as chapter 16's `load_gguf` reads it, but with every matrix
     stored in Q8_0, Q4_0 or Q4_1 kept in its blocks; `dtype` is that of the scales
-    and of everything else. Checked from the file's header (its
-    metadata, tensor list and kinds) before anything is built."""
-    check_float_dtype(dtype)
+    and of everything else ("auto": `GGUFLlama.stored_dtype`). Checked from the file's
+    header (its metadata, tensor list and kinds) before anything is built."""
+    check_float_dtype(dtype, allow_auto=True)
     file = read_gguf_llama(path, max_len)
+    dtype = file.stored_dtype if isinstance(dtype, str) else dtype
     layout, _ = expected_layout(GPT, file.config)  # every name and shape, first
     unused = check_rules({k: s for k, (_, s) in layout.items()}, file.rules,
                          file.shapes, str(path))

@@ -46,7 +46,12 @@ def test_dtype_auto_keeps_what_each_source_stores(checkpoint, tmp_path):
     assert '"bfloat16"' in config.read_text()
     got = load(folder, dtype="auto").model
     assert {p.dtype for p in got.parameters()} == {torch.bfloat16}
-    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype or 'auto'"):
+    from minitransformer.gguf import load_gguf
+    from minitransformer.quantised import load_gguf_blocks
+    blocks = gguf_file(tmp_path / "q8.gguf", blocks=True)  # F32 matrices beside Q8_0 ones
+    for loader in (load_gguf, load_gguf_blocks):  # the loaders take "auto" themselves
+        assert loader(blocks, dtype="auto").model.embed.tok.weight.dtype == torch.float32
+    with pytest.raises(TypeError, match=r"torch.float32 \(or 'auto': as stored\), got"):
         load(floats, dtype="float16")
 
 def test_load_refuses_bad_arguments_before_reading(checkpoint, tmp_path):

@@ -3,6 +3,7 @@
 # %% ../nbs/14_distributed.ipynb #345bfdb5
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -160,8 +161,9 @@ class Rank(NamedTuple):
 def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL given GPUs
     """Join the processes `torchrun` started (it sets RANK, WORLD_SIZE, LOCAL_RANK and
     the rendezvous address): NCCL with one GPU per process where there is a GPU for
-    every process, else gloo on the CPU. Yields this process's `Rank`; leaves the
-    group at the end.
+    every process, else gloo on the CPU. Yields this process's `Rank`. At the end,
+    every rank waits for the others, frees what waits for the garbage collector (a
+    DDP wrapper in a reference cycle), then leaves the group.
     Started without torchrun: `Rank(0, 1, 0, default_device())`, nothing to join."""
     if backend is not None:
         check_choice(backend, "backend", ("gloo", "nccl"))
@@ -179,7 +181,9 @@ def distributed(backend: str | None = None):  # gloo | nccl; None: NCCL given GP
     dist.init_process_group(backend, rank=rank, world_size=size)
     try:
         yield Rank(rank, size, local, device)
+        dist.barrier()  # no rank leaves while another may still talk to it
     finally:
+        gc.collect()  # a wrapper freed at exit would reach a group already gone
         dist.destroy_process_group()
 
 

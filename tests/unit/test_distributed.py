@@ -2,9 +2,14 @@
 `shard_batch` keeps this rank's rows and names what is wrong (torchrun itself:
 tests/integration/test_torchrun.py)."""
 
+import gc
+import socket
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from minitransformer.core import default_device
 from minitransformer.distributed import Rank, distributed, shard_batch
@@ -27,6 +32,31 @@ def test_distributed_outside_torchrun_is_one_rank(monkeypatch):
     with pytest.raises(RuntimeError, match="torchrun environment is incomplete"):
         with distributed():
             pass
+
+
+def test_leaving_the_group_waits_and_frees_ddp_wrappers_first(monkeypatch):
+    "A DDP wrapper dropped inside the group is freed before the group is destroyed."
+    with socket.socket() as s:  # a free port for a group of one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+        monkeypatch.setenv(key, value)
+    seen, destroy, barrier = [], dist.destroy_process_group, dist.barrier
+    monkeypatch.setattr(dist, "barrier", lambda: (seen.append("barrier"), barrier()))
+    monkeypatch.setattr(dist, "destroy_process_group",
+                        lambda: (seen.append(wrapper() is None), destroy()))
+    gc.disable()  # (only distributed() may collect)
+    try:
+        with distributed("gloo"):
+            net = DistributedDataParallel(torch.nn.Linear(2, 2))
+            net(torch.ones(1, 2)).sum().backward()
+            net.itself, wrapper = net, weakref.ref(net)  # a cycle, as a trainer's
+            del net  # alive until a collection
+            assert wrapper() is not None
+    finally:
+        gc.enable()
+    assert seen == ["barrier", True] and not dist.is_initialized()
 
 
 def test_shard_batch_keeps_this_ranks_rows():

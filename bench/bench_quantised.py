@@ -2,7 +2,7 @@
 row, q8_0 (int8 per block of 32), the file's own Q4_1 blocks (`load_gguf_blocks`), and llama.cpp on the same
 file, side by side in one process, alternated round by round.
 
-    python bench/bench_quantised.py [--rounds 5] [--new-tokens 128] [--out nbs/bench/decode.json]
+    python bench/bench_quantised.py [--rounds 5] [--new-tokens 128] [--out nbs/adapters/decode-bench.json]
     BENCH_THREADS=2 python bench/bench_quantised.py
 
 Every side of ours is the public call a user makes, `generate(model, rows, N, compile=True)` with its
@@ -15,7 +15,7 @@ their median. Also per row: the bytes a decode step reads (every weight once, th
 static KV cache), the achieved GB/s, the perplexity of 1,024 tokens of Macbeth (held out: the prompts come
 from other plays), the resident memory after loading that model alone in a fresh process, and the first
 compiled call. Then the fixed per-token cost: the compiled step of the file-blocks model profiled, its
-inductor kernels against everything else. `--out` writes the results as JSON (the book reads them).
+inductor kernels and attention against everything else. `--out` writes the results as JSON (the book reads them).
 llama.cpp (llama-cpp-python, optional: skipped when absent) decodes the same file with the same threads.
 """
 import argparse
@@ -77,6 +77,11 @@ def llama_cpp_side(path, rows, n_max: int, threads: int):
     return run
 
 
+def graphs() -> int:
+    "How many graphs torch.compile has compiled in this process."
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def perplexity(model, tokenizer, n: int = PPL_TOKENS) -> float:
     text = shakespeare_plays()["macbeth"]
     ids = torch.tensor([tokenizer.encode(text[20_000:], special_tokens=False)[:n + 1]])
@@ -112,13 +117,14 @@ def main() -> None:
         t0 = time.perf_counter()
         generate(lm.model, rows, 2, compile=True)
         first[kind] = time.perf_counter() - t0
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    before_warmup = graphs()
     sides = [(f"{k}, compiled", lambda B, n, m=lm.model: generate(m, rows[:B], n, compile=True))
              for k, lm in models.items()]
     sides.insert(0, ("float32, eager", lambda B, n, m=models["float32"].model: generate(m, rows[:B], n)))
-    for _, fn in sides:
-        fn(1, N - 8)  # warm-up: another length, the same cache size (no new graph)
-    recompiled = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+    for _, fn in sides:  # warm-up: another length than the rounds', the same cache size
+        fn(1, N - 8)  # (the first call's 2 tokens had the smaller cache of 128 slots)
+    warmup_graphs = graphs() - before_warmup  # one per compiled side: the larger cache
+    before_rounds = graphs()
     llama = llama_cpp_side(weights_path(), rows, N, threads)
     if llama is not None:
         sides.append(("llama.cpp", llama))
@@ -136,7 +142,7 @@ def main() -> None:
             out[name] = kept["out"]
         print(f"  round {r + 1}/{a.rounds} done", flush=True)
     load_after = os.getloadavg()
-    recompiled = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs  # rounds too
+    recompiled = graphs() - before_rounds  # by the rounds' other length: none expected
     bandwidth = read_bandwidth()
 
     c = models["float32"].model.config
@@ -150,7 +156,8 @@ def main() -> None:
                     load_average_before=round(load_before[0], 2), load_average_after=round(load_after[0], 2))
     print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     print(f"prompt {PROMPT} tokens, {N} new, greedy, batch 1; {a.rounds} alternated rounds, medians; "
-          f"graphs compiled by another length: {recompiled}")
+          f"graphs compiled by the warm-up (the rounds' cache size): {warmup_graphs}, "
+          f"by the rounds (another length, the same cache size): {recompiled}")
     print(f"\n{'side':<24}{'tok/s':>7}{'prefill s':>10}{'step ms':>9}{'MB/token':>10}{'GB/s':>7}"
           f"{'perplexity':>11}{'resident MB':>12}{'first call s':>13}")
     ppl = {kind: perplexity(lm.model, tok) for kind, lm in models.items()}
@@ -188,7 +195,8 @@ def main() -> None:
     step_profile = profile(models["file blocks"].model, rows, N)
     if a.out:
         result = dict(bench="bench/bench_quantised.py", date=time.strftime("%Y-%m-%d"), prompt=PROMPT,
-                      new_tokens=N, rounds=a.rounds, settings=settings, recompiled=recompiled,
+                      new_tokens=N, rounds=a.rounds, settings=settings, warmup_graphs=warmup_graphs,
+                      recompiled=recompiled,
                       sides=rows_out, ratio_to_llama_cpp=ratios, blocks_step_profile=step_profile,
                       tokens_equal_float32_compiled={n: out[n][0] == out["float32, compiled"][0]
                                                      for n in out if n != "llama.cpp"})
@@ -214,12 +222,15 @@ def profile(model, rows, N: int) -> dict:
     steps = next(e.count for e in events if e.key.startswith("Torch-Compiled Region"))
     region = sum(e.cpu_time_total for e in events if e.key.startswith("Torch-Compiled Region")) / steps
     kernels = sum(e.self_cpu_time_total for e in events if "cpp_fused" in e.key) / steps
+    attention = sum(e.self_cpu_time_total for e in events  # aten's kernel, one a layer
+                    if e.key.startswith("aten::") and "scaled_dot_product" in e.key) / steps
     lookup = sum(e.self_cpu_time_total for e in events if "Cache Lookup" in e.key) / steps
     print(f"\nper compiled step (file blocks, {steps} steps): {region / 1e3:.2f} ms in the compiled region, of "
-          f"which inductor's kernels {kernels / 1e3:.2f} ms; outside the kernels (the wrapper's buffers and "
-          f"calls, guards) {(region - kernels) / 1e3:.2f} ms; dynamo's guard check {lookup / 1e3:.2f} ms")
-    return dict(steps=steps, region_ms=region / 1e3, kernels_ms=kernels / 1e3,
-                around_kernels_ms=(region - kernels) / 1e3, guards_ms=lookup / 1e3)
+          f"which inductor's kernels {kernels / 1e3:.2f} ms and attention (aten's kernel) {attention / 1e3:.2f} "
+          f"ms; outside the kernels (the wrapper's buffers and calls) {(region - kernels - attention) / 1e3:.2f} "
+          f"ms; dynamo's guard check {lookup / 1e3:.2f} ms")
+    return dict(steps=steps, region_ms=region / 1e3, kernels_ms=kernels / 1e3, attention_ms=attention / 1e3,
+                around_kernels_ms=(region - kernels - attention) / 1e3, guards_ms=lookup / 1e3)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench_smollm2 import PROMPT, prompts, weights_path
-from common import timed
+from common import graphs, timed
 from minitransformer.data import shakespeare_plays
 from minitransformer.generation import _slots, generate, read_bandwidth
 from minitransformer.gguf import load_gguf
@@ -75,11 +75,6 @@ def llama_cpp_side(path, rows, n_max: int, threads: int):
 
     run(1, 4)  # warm-up
     return run
-
-
-def graphs() -> int:
-    "How many graphs torch.compile has compiled in this process."
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def perplexity(model, tokenizer, n: int = PPL_TOKENS) -> float:

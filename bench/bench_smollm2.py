@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import timed
+from common import graphs, timed
 from minitransformer.data import shakespeare_plays
 from minitransformer.generation import generate, read_bandwidth
 from minitransformer.gguf import load_gguf
@@ -219,10 +219,10 @@ def main() -> None:
     for B in batches:
         run_compiled(B, 8)
     run_hf(1, 8)
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    before = graphs()
     for n in (N, N // 2, N - 1):  # other lengths: the same graphs
         run_compiled(1, n)
-    recompiled = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+    recompiled = graphs() - before
     print(f"graphs compiled by later calls of other lengths ({N}, {N // 2}, {N - 1} new tokens): "
           f"{recompiled}")
 

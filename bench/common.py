@@ -1,4 +1,5 @@
-"""Timing helpers shared by the benchmark scripts (wall clock, with CUDA synchronised around each call)."""
+"""Helpers shared by the benchmark scripts: timing (wall clock, with CUDA synchronised around each call) and
+the count of graphs torch.compile has compiled."""
 import time
 
 import torch
@@ -16,3 +17,8 @@ def timed(fn, device: torch.device) -> float:
     fn()
     sync(device)
     return time.perf_counter() - t0
+
+
+def graphs() -> int:
+    "How many graphs torch.compile has compiled in this process."
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -165,14 +165,14 @@ def check_float_dtype(dtype, name: str = "dtype", allow_none: bool = True,
                       allow_auto: bool = False) -> None:
     """Raise unless `dtype` is a floating-point torch.dtype, or None (torch's default)
     where `allow_none`, or "auto" (what a file stores) where `allow_auto`."""
-    if dtype is None and allow_none or allow_auto and isinstance(dtype, str) and (
-            dtype == "auto"):
+    auto = allow_auto and isinstance(dtype, str) and dtype == "auto"
+    if auto or (dtype is None and allow_none):
         return
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         default = " (or None for the default)" if allow_none else ""
-        auto = " (or 'auto': as stored)" if allow_auto else ""
+        stored = " (or 'auto': as stored)" if allow_auto else ""
         raise TypeError(f"{name} must be a floating-point torch.dtype such as "
-                        f"torch.float32{default}{auto}, got {dtype!r}")
+                        f"torch.float32{default}{stored}, got {dtype!r}")
 
 
 def autocast_on(device_type: str) -> bool:

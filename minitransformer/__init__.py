@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .checkpoints import (
-    load_checkpoint, parse_json_object, save_checkpoint)
+from .checkpoints import load_checkpoint, save_checkpoint
 from .checks import check_flag, check_float_dtype
+from .core import default_device
 from .generation import generate
 from .gguf import load_pretrained
 from .lora import add_lora, load_adapter, save_adapter
@@ -30,7 +30,7 @@ from .training import train
 # %% ../nbs/95_front.ipynb #a3cff979
 def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          *,
-         dtype: torch.dtype | str = torch.float32,  # of the weights; "auto": as stored
+         dtype: torch.dtype | str = "auto",  # of the weights; "auto": as stored
          device: str | torch.device | None = None,  # where the model goes (None: CPU)
          max_len: int | None = None,  # the longest sequence (None: the source's)
          keep_blocks: bool = False,  # a GGUF file's quantised blocks kept (chapter 18)
@@ -39,12 +39,9 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
     package reads, in eval mode; checked from the file's header before anything is
     built."""
     path = _check_load_args(source, dtype, keep_blocks, max_len)
-    if path.suffix == ".safetensors":  # (its max_len is the saved config's; "auto":
-        model = load_checkpoint(  # each weight keeps its own dtype)
-            path, dtype=None if isinstance(dtype, str) else dtype)
+    if path.suffix == ".safetensors":  # (its max_len is the saved config's)
+        model = load_checkpoint(path, dtype=dtype)
         return Pretrained(model.eval(), None, {}, str(path)).to(device)
-    if isinstance(dtype, str) and path.suffix != ".gguf":  # "auto": a GGUF file's
-        dtype = _config_dtype(path)  # loader reads it from the header it reads anyway
     kw: dict[str, Any] = dict(dtype=dtype, device=device, max_len=max_len)  # (all's)
     if keep_blocks:
         return load_gguf_blocks(path, **kw)
@@ -66,27 +63,20 @@ def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
     return path
 
 
-def _config_dtype(path: Path) -> torch.dtype:
-    """`dtype="auto"` for a folder or a Hub repo: its config's `torch_dtype` (float32 if
-    it names none)."""
-    if path.is_dir():
-        config = path / "config.json"
-    else:  # a Hub id: its config alone, first
-        from huggingface_hub import hf_hub_download
-        config = Path(hf_hub_download(str(path), "config.json"))
-    stored = parse_json_object(config.read_bytes(), str(config))
-    name = stored.get("torch_dtype") or stored.get("dtype") or "float32"
-    dtype = getattr(torch, str(name), None)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"{config}: torch_dtype {name!r} is not a floating-point type")
-    return dtype
-
 # %% ../nbs/95_front.ipynb #819029c6
 def main(argv: list[str] | None = None) -> int:  # the exit status
     "The command line: `minitransformer chat SOURCE` or `generate SOURCE PROMPT`."
     args = _parser().parse_args(argv)
     try:
-        loaded = load(args.source, max_len=args.max_len, keep_blocks=args.keep_blocks)
+        device = _device(args.device)
+    except ValueError as e:
+        print(f"minitransformer: {e}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        loaded = load(args.source, dtype=_DTYPES[args.dtype], device=device,
+                      max_len=args.max_len, keep_blocks=args.keep_blocks)
         _check_can_write(loaded, args.command == "chat")
     except (OSError, ValueError, TypeError, ImportError) as e:
         if args.debug:
@@ -105,14 +95,30 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
             print(f"minitransformer: {e}", file=sys.stderr)
             return 2
         print()
+        print(_timing(loaded.stats), file=sys.stderr)
         return 0
-    return _converse(loaded, args.system, kw)
+    return _converse(loaded, args.system, kw, args.verbose)
 
 
 def _show(piece: str) -> None:
     print(piece, end="", flush=True)
 
+
+def _timing(stats: dict) -> str:
+    """`Pretrained.stats` in one line: the prompt's tokens and their speed, then the
+    new tokens and the speed after the first (which waited for the prompt)."""
+    def speed(n: int, seconds: float) -> str:
+        return f"{n / seconds:.1f} tokens/s" if n > 0 and seconds > 0 else "-"
+    new = stats["new_tokens"]
+    return (f"prompt: {stats['prompt_tokens']} tokens, "
+            f"{speed(stats['prompt_tokens'], stats['prompt_seconds'])}; generated: "
+            f"{new} tokens, {speed(new - 1, stats['new_seconds'])}")
+
 # %% ../nbs/95_front.ipynb #c2bd2281
+_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minitransformer", description="Talk to a language model: a .gguf "
@@ -133,6 +139,13 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--seed", type=int, help="seeds the sampling")
         s.add_argument("--max-len", type=int, help="the longest conversation, in "
                        "tokens (default: the model's)")
+        s.add_argument("--device", choices=("cuda", "mps", "cpu"),
+                       help="where the model runs (default: the best present)")
+        s.add_argument("--dtype", choices=tuple(_DTYPES), default="auto",
+                       help="the weights' type (default: auto, as the file stores "
+                       "them; float32 for quantised blocks)")
+        s.add_argument("--threads", type=_positive_int,
+                       help="CPU threads (default: torch's, one per core)")
         s.add_argument("--keep-blocks", action="store_true",
                        help="keep a GGUF file's quantised blocks (less memory)")
         s.add_argument("--compile", action="store_true", help="torch.compile the "
@@ -140,7 +153,30 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true",
                        help="show the traceback of an error")
     chat.add_argument("--system", help="a system message to start with")
+    chat.add_argument("--verbose", action="store_true", help="after each reply, "
+                      "its speed on stderr (generate always prints it)")
     return p
+
+
+def _positive_int(text: str) -> int:
+    "An argument that must be an int >= 1."
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _device(name: str | None) -> torch.device:
+    "`--device`: the one named, if this machine has it; None: the best present."
+    if name is None:
+        return default_device()
+    mps = getattr(torch.backends, "mps", None)
+    present = [d for d, here in (("cuda", torch.cuda.is_available()),
+                                 ("mps", mps is not None and mps.is_available()),
+                                 ("cpu", True)) if here]
+    if name not in present:
+        raise ValueError(f"--device {name}: not present here (present: "
+                         f"{', '.join(present)})")
+    return torch.device(name)
 
 
 def _check_can_write(loaded: Pretrained, chat: bool) -> None:
@@ -152,7 +188,8 @@ def _check_can_write(loaded: Pretrained, chat: bool) -> None:
         raise ValueError("it has no chat template: use `generate` instead of `chat`")
 
 # %% ../nbs/95_front.ipynb #8fd8c298
-def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
+def _converse(loaded: Pretrained, system: str | None, kw: dict,
+              verbose: bool = False) -> int:
     "The chat loop: a line in, a streamed reply out; until /exit, the end, or Ctrl-C."
     tty = sys.stdin.isatty()
     if tty and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job
@@ -191,6 +228,8 @@ def _converse(loaded: Pretrained, system: str | None, kw: dict) -> int:
             print(f"minitransformer: {e}", file=sys.stderr)  # said, and the turn
             continue  # forgotten
         print()
+        if verbose:
+            print(_timing(loaded.stats), file=sys.stderr)
         messages = asked + [{"role": "assistant", "content": "".join(pieces)}]
 
 # %% ../nbs/95_front.ipynb #c7c6e766

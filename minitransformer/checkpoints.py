@@ -315,14 +315,15 @@ def check_saveable(model: nn.Module) -> None:
 def load_checkpoint(path: str | Path, model: nn.Module | None = None,
                     map_location: str | torch.device = "cpu",
                     average: bool = False,
-                    dtype: torch.dtype | None = None) -> nn.Module:
+                    dtype: torch.dtype | str = "auto") -> nn.Module:
     """Load a checkpoint into `model` (checked against its config) or a new model,
-    whose weights keep the dtype they were saved in (`dtype`: converted to it).
+    whose weights keep the dtype they were saved in (`dtype="auto"`; a floating-point
+    dtype: converted to it).
     Everything is checked from the file's header before any model is built or
     changed; `average=True` loads a training checkpoint's averaged weights instead
     of its live ones."""
-    check_float_dtype(dtype)
-    if model is not None and dtype is not None:
+    check_float_dtype(dtype, allow_none=False, allow_auto=True)
+    if model is not None and dtype != "auto":
         raise ValueError("dtype is for a new model; a model given keeps its own dtype "
                          "(convert it with model.to(dtype))")
     path = Path(path)
@@ -355,7 +356,8 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
         model.load_state_dict(state, strict=False)  # the rest: names known to fit
         return model
     model = model_from_state(cls, config, {  # (as saved, unless dtype says otherwise)
-        k: v.to(map_location, dtype or v.dtype) if v.is_floating_point()
+        k: v.to(map_location, v.dtype if dtype == "auto" else dtype)
+        if v.is_floating_point()
         else v.to(map_location) for k, v in state.items()})
     for name in wrapped:  # a weight kept in another form is frozen
         model.get_parameter(name).requires_grad_(False)

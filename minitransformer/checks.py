@@ -3,6 +3,7 @@
 # %% ../nbs/93_checks.ipynb #933bbd0f
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import sys
@@ -206,13 +207,8 @@ def tracing() -> bool:
     (and `torch.export`, which traces with it), `torch.fx.symbolic_trace`, or a
     `torch.func` transform (`vmap`, `grad`, ...). Checks that read a tensor's values
     (not just its shape) skip themselves then."""
-    compiler = getattr(torch, "compiler", None)
-    if "torch._dynamo" in sys.modules:  # else nothing has ever compiled here
-        is_compiling = getattr(compiler, "is_compiling", None)
-        if is_compiling is None:  # torch < 2.3
-            is_compiling = sys.modules["torch._dynamo"].is_compiling
-        if is_compiling() or getattr(compiler, "is_exporting", bool)():
-            return True
+    if compiling() or getattr(torch.compiler, "is_exporting", bool)():
+        return True
     if _functorch_active():  # inside torch.func.vmap, grad, jacrev, ...
         return True
     fx = sys.modules.get("torch.fx._symbolic_trace")
@@ -222,6 +218,8 @@ def tracing() -> bool:
     return symbolic()
 
 
+# torch keeps no public question for "inside a torch.func transform?"; where this
+# private one is missing, such a transform goes unnoticed (the checks then run).
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
                             lambda: False)
 
@@ -236,3 +234,30 @@ def check_backend(compile, name: str = "compile") -> str | None:
         raise ValueError(f"{name} must be True, False or a torch.compile backend "
                          f"({', '.join(sorted(backends))}), got {compile!r}")
     return "inductor" if compile is True else compile
+
+# %% ../nbs/93_checks.ipynb #92af0586
+def compiling() -> bool:
+    """Whether `torch.compile` is tracing the current call. The compiler is not
+    imported to ask (importing it costs seconds): until something has loaded it,
+    nothing can be compiling."""
+    if "torch._dynamo" not in sys.modules:
+        return False
+    is_compiling = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
+    return (is_compiling or sys.modules["torch._dynamo"].is_compiling)()
+
+
+_EAGER: dict = {}  # a function -> its torch.compiler.disable'd twin
+
+
+def never_compiled(fn):
+    """`fn`, which a compiler tracing one of its callers runs as it is (like
+    `torch.compiler.disable`, whose import is put off until a compiler is loaded)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if "torch._dynamo" not in sys.modules:  # nothing can be tracing this call
+            return fn(*args, **kwargs)
+        eager = _EAGER.get(fn)
+        if eager is None:
+            eager = _EAGER[fn] = torch.compiler.disable(fn)
+        return eager(*args, **kwargs)
+    return call

@@ -13,7 +13,7 @@ import torch
 
 from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
-    check_backend, check_tensor, shape_str, tracing)
+    check_backend, check_tensor, never_compiled, shape_str, tracing)
 from .embeddings import check_id_list, pad_ids
 from .model import GPT, Transformer
 
@@ -204,7 +204,7 @@ def _left_padded(rows: list[list[int]], total: int, pad: int, device):
     return ids, real, positions.clamp(min=0)  # counted from each row's first token
 
 # %% ../nbs/12_generation.ipynb #8827f5be
-@torch.compiler.disable  # a loop in Python: a compiler tracing a caller runs it as is
+@never_compiled  # a loop in Python: a compiler tracing a caller runs it as is
 @torch.no_grad()
 def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder model
              prompts,  # (B, T) tensor or B lists of token ids, of any lengths

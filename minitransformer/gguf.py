@@ -246,10 +246,12 @@ class GGUFLlama:
 
     @property
     def stored_dtype(self) -> torch.dtype:
-        """The floating-point type the file's matrices are stored in (`dtype="auto"`):
-        F32, F16 or BF16 matrices, or float16 when all are in blocks (their scales)."""
+        """The floating-point type `dtype="auto"` computes in: that of the file's F32,
+        F16 or BF16 matrices; float32 when all are quantised blocks (their float16
+        scales are a way to store them, not a type to compute in: llama.cpp's CPU
+        backend computes their products in float32)."""
         kinds = {t.tensor_type.name for t in self.tensors.values() if len(t.shape) == 2}
-        return next((v for k, v in _GGUF_FLOATS.items() if k in kinds), torch.float16)
+        return next((v for k, v in _GGUF_FLOATS.items() if k in kinds), torch.float32)
 
 
 _GGUF_FLOATS = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
@@ -268,14 +270,14 @@ def read_gguf_llama(path, max_len: int | None = None) -> GGUFLlama:
     return GGUFLlama(Path(path), config, tokenizer, rules, tensors)
 
 
-def load_gguf(path, *, dtype: torch.dtype | str = torch.float32,
+def load_gguf(path, *, dtype: torch.dtype | str = "auto",
               device: str | torch.device | None = None,
               max_len: int | None = None) -> Pretrained:
     """A Llama GGUF file (`read_gguf_llama`; any quantisation `gguf` reads) as our
     `GPT` dequantised to `dtype` ("auto": `GGUFLlama.stored_dtype`), with its tokenizer
     and chat template. Everything is checked from the file's header before the model is
     built."""
-    check_float_dtype(dtype, allow_auto=True)
+    check_float_dtype(dtype, allow_none=False, allow_auto=True)
     file = read_gguf_llama(path, max_len)
     dtype = file.stored_dtype if isinstance(dtype, str) else dtype
     model, unused = model_from_rules(GPT, file.config, file.rules,
@@ -310,13 +312,15 @@ def _hub_download():
     return snapshot_download
 
 # %% ../nbs/16_gguf.ipynb #744ef461
-def load_pretrained(name, *, dtype: torch.dtype = torch.float32,
+def load_pretrained(name, *, dtype: torch.dtype | str = "auto",
                     device: str | torch.device | None = None,
                     max_len: int | None = None,
                     revision: str | None = None) -> Pretrained:
     """A `.gguf` file, a Hugging Face-format folder, or (online) a Hub repo id such as
-    "sentence-transformers/all-MiniLM-L6-v2", as one of our models."""
+    "sentence-transformers/all-MiniLM-L6-v2", as one of our models; `dtype="auto"`:
+    as each kind of source stores it (`load_gguf`, `load_folder`)."""
     path = _check_source(name, revision)
+    check_float_dtype(dtype, allow_none=False, allow_auto=True)  # before a download
     if path.suffix == ".gguf":
         return load_gguf(path, dtype=dtype, device=device, max_len=max_len)
     if path.is_dir():

@@ -227,7 +227,8 @@ def perplexity(model: nn.Module, tokenizer, text: str) -> float:
     "exp(mean next-token loss) of `model` on `text`, every next token counted."
     check_module(model)
     _check_chat_tokenizer(tokenizer)
-    ids = torch.tensor([tokenizer.encode(check_str(text, "text"))])
+    device = next(model.parameters()).device  # the ids where the model is
+    ids = torch.tensor([tokenizer.encode(check_str(text, "text"))], device=device)
     return sequence_loss(model(ids[:, :-1]), ids[:, 1:]).exp().item()
 
 

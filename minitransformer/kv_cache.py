@@ -259,9 +259,9 @@ class DecoderCache:
         "Empty caches shaped for `decoder`, on its device and in its dtype."
         _check_for_decoder(decoder, source_len)
         attn: Any = decoder.layers[0].self_attn  # (a module's attribute: untyped)
-        p = next(decoder.parameters())
+        w = _key_weight(decoder)  # the cache holds what this projection writes
         return cls.allocate(len(decoder.layers), batch_size, attn.n_kv_heads, max_len,
-                            attn.head_dim, source_len, p.device, p.dtype, static)
+                            attn.head_dim, source_len, w.device, w.dtype, static)
 
     def fill_cross_attention(self, decoder: Decoder, memory: torch.Tensor) -> None:
         "Project the encoder output `memory` `(B, S, C)` into each layer's cross cache."
@@ -302,8 +302,8 @@ class DecoderCache:
         if len(self.self_attn) != n or len(cross or [None] * n) != n:
             raise ValueError(f"the cache has {len(self.self_attn)} layers' caches "
                              f"for a stack of {n} layers")
-        first: Any = decoder.layers[0]  # (a module's attribute: untyped)
-        attn, w = first.self_attn, first.ff_norm.weight
+        attn: Any = decoder.layers[0].self_attn  # (a module's attribute: untyped)
+        w = _key_weight(decoder)
         want = (B, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
         for c in self.self_attn + list(cross or []):  # allocated for this call?
             got = (c.k.shape[0], c.k.shape[1], c.k.shape[3], c.k.dtype, c.k.device)
@@ -353,3 +353,10 @@ class DecoderCache:
     def truncate(self, length: int) -> None:
         "Forget every token from `length` on (the buffers are kept)."
         self.length = _check_truncation(length, self.length)
+
+
+def _key_weight(decoder: Decoder) -> torch.Tensor:
+    """The weight of the first layer's key projection: its dtype and device are the
+    cache's (a model may keep its norms in float32 and its linears in bfloat16)."""
+    first: Any = decoder.layers[0]  # (a module's attribute: untyped)
+    return first.self_attn.qkv.k_proj.weight

@@ -3,8 +3,9 @@
 # %% ../nbs/15_pretrained.ipynb #da09b5ce
 from __future__ import annotations
 
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -493,11 +494,15 @@ class Pretrained:
     """A loaded model with what came with it. A `GPT` with a tokenizer writes text up
     to the end of its turn (`tokenizer.end_ids`): `chat`, `complete`. Keywords:
     `max_new_tokens` (fewer where max_len ends), `temperature` (0: greedy), `top_k`,
-    `top_p`, `seed`, `stream` (given each new piece of text), `compile`."""
+    `top_p`, `seed`, `stream` (given each new piece of text), `compile`. After each
+    reply, `stats` holds its counts and times (as llama.cpp prints them): the prompt's
+    tokens and the seconds until the first new token, then the new tokens and the
+    seconds after that first one."""
     model: nn.Module  # our GPT or TextEncoder, in eval mode
     tokenizer: PretrainedTokenizer | None  # None if the source has no tokenizer
     unused: dict[str, str]  # source tensors not needed by our model -> why
     source: str  # where the weights came from
+    stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def to(self, device: str | torch.device | None) -> Pretrained:
         "The model moved to `device` (None: left where it is); returns self."
@@ -505,8 +510,11 @@ class Pretrained:
             self.model.to(device)
         return self
 
-    def chat(self, messages: list[dict], **kw) -> str:
-        "The assistant's reply to `messages` (role and content dicts), by the template."
+    def chat(self, messages: list[dict] | str, **kw) -> str:
+        """The assistant's reply to `messages` (role and content dicts), by the
+        template; a string is one user turn."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
         return self._reply(messages, chat=True, **kw)
 
     def complete(self, text: str, **kw) -> str:
@@ -521,12 +529,23 @@ class Pretrained:
         room = model.config.max_len + 1 - len(prompt)  # (the last is not fed)
         generator = None if seed is None else torch.Generator(
             next(model.parameters()).device).manual_seed(seed)
-        pieces = _TextPieces(tok.decode, stream)
+        pieces, first = _TextPieces(tok.decode, stream), list[float]()
+        start = time.perf_counter()
+
+        def arrived(new: list) -> None:  # each new token (of the one row)
+            if not first:
+                first.append(time.perf_counter())
+            if stream is not None:
+                pieces.add(new)
         ids = generate(model, [prompt], max(0, min(max_new_tokens, room)),
                        temperature=temperature, top_k=top_k, top_p=top_p,
                        stop_token=tok.end_ids, generator=generator,
-                       compile=compile, callback=pieces.add if stream else None)[0]
+                       compile=compile, callback=arrived)[0]
+        end = time.perf_counter()
         pieces.add(ids[len(pieces.ids):], last=True)  # the rest (or, unstreamed, all)
+        at = first[0] if first else end
+        self.stats = {"prompt_tokens": len(prompt), "prompt_seconds": at - start,
+                      "new_tokens": len(ids), "new_seconds": end - at}
         return pieces.text
 
 
@@ -547,14 +566,16 @@ class _TextPieces:
             self.text = text
 
 
-def load_folder(folder, *, dtype: torch.dtype = torch.float32,
+def load_folder(folder, *, dtype: torch.dtype | str = "auto",  # "auto": the config's
                 device: str | torch.device | None = None,
                 max_len: int | None = None) -> Pretrained:
     """A Hugging Face-format folder (config.json, *.safetensors, tokenizer.json if any)
     as our model (BERT → `TextEncoder`; Llama, GPT-2 → `GPT`), checked from headers."""
     folder, config_file = Path(folder), Path(folder) / "config.json"
-    check_float_dtype(dtype)
+    check_float_dtype(dtype, allow_none=False, allow_auto=True)
     cfg, kind = _read_config(folder, max_len)  # a model_type of FAMILIES
+    if dtype == "auto":
+        dtype = _stored_dtype(cfg, config_file)
     cls, make_config, make_rules, prefixes = FAMILIES[kind]
     with name_in_errors(config_file):
         config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
@@ -602,6 +623,16 @@ def _strip(keys, prefixes: tuple[str, ...]) -> dict[str, str]:
         short = next((k[len(p):] for p in prefixes if k.startswith(p)), k)
         out[short] = k
     return out
+
+
+def _stored_dtype(cfg: dict, config_file: Path) -> torch.dtype:
+    "The config's `torch_dtype` (transformers 5 writes `dtype`); float32 if none."
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"{config_file}: torch_dtype {name!r} is not a floating-point "
+                         "type")
+    return dtype
 
 
 def _read_config(folder: Path, max_len) -> tuple[dict, str]:

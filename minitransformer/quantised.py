@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -11,10 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoints import expected_layout
-from .checks import check_choice, check_float_dtype, check_module
+from .checks import (
+    check_choice, check_float_dtype, check_module, compiling)
 from .embeddings import TokenEmbedding
 from .gguf import GGUFLlama, read_gguf_llama, tensor_from_gguf
-from .lora import LoRALinear
+from .lora import LoRALinear, check_mergeable, lora_layers
 from .model import GPT
 from .pretrained import Pretrained, check_rules
 
@@ -186,7 +188,7 @@ def _blocks_product(x: torch.Tensor, kind: str, words, scales, mins,
     _check_quantised_input(C, x)
     N = x.numel() // C  # input rows
     xb = x.reshape(N, nb, C // nb)  # (N, nb, weights a block)
-    if torch.compiler.is_compiling() and N <= FEW_ROWS:  # product and sum, one loop
+    if compiling() and N <= FEW_ROWS:  # product and sum, one loop
         f = x.dtype if x.dtype.itemsize >= 4 else torch.float32  # half: sum in f32
         X = _in_order(xb.to(f), bits)  # (N, nb, codes a word, W)
         q = _unpack(words, bits, f)  # (nb, codes a word, W, O)
@@ -467,6 +469,7 @@ def _check_quantise(model, kind, targets: list, skip: tuple) -> None:
     unmerged = [n for n, m in model.named_modules()
                 if isinstance(m, LoRALinear) and not m.merged]
     if unmerged:
+        check_mergeable(lora_layers(model))  # over blocks: the route that works
         raise ValueError(f"{len(unmerged)} LoRA layers are not merged (e.g. "
                          f"{unmerged[0]}): merge_lora(model) first, then quantise")
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
@@ -532,12 +535,22 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(storages.values())
 
 # %% ../nbs/18_quantised.ipynb #ea268220
-def _check_has_blocks(file: GGUFLlama) -> None:
-    types = {file.tensors[src].tensor_type for src, _ in file.rules.values()}
-    if not any(t.name in _GGUF_FORMATS for t in types):
-        raise ValueError(f"{file.path}: load_gguf_blocks keeps {sorted(_GGUF_FORMATS)} "
-                         f"blocks; this file's tensors are "
-                         f"{sorted(t.name for t in types)} (load_gguf reads any kind)")
+def _check_has_blocks(file: GGUFLlama, dtype: torch.dtype) -> None:
+    """Raise if none of the file's tensors is quantised (there is nothing to keep);
+    warn, naming them, of the quantised ones whose blocks are not kept (K-quants,
+    Q5_0, ...): they are dequantised to `dtype`."""
+    kinds = {src: file.tensors[src].tensor_type.name for src, _ in file.rules.values()}
+    floats = {"F64", "F32", "F16", "BF16"}
+    if all(k in floats for k in kinds.values()):
+        raise ValueError(f"{file.path}: its tensors are {sorted(set(kinds.values()))}, "
+                         "none quantised: there are no blocks to keep (load_gguf reads "
+                         "it)")
+    other = sorted(k for k in kinds.values() if k not in floats | set(_GGUF_FORMATS))
+    if other:
+        counts = ", ".join(f"{other.count(k)} {k}" for k in sorted(set(other)))
+        warnings.warn(f"{file.path}: the blocks kept are {sorted(_GGUF_FORMATS)}; its "
+                      f"{len(other)} tensors of other kinds ({counts}) are dequantised "
+                      f"to {dtype}", stacklevel=3)
 
 # %% ../nbs/18_quantised.ipynb #cccedc0d
 def _gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's header
@@ -569,19 +582,20 @@ def _gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's he
     return model
 
 # %% ../nbs/18_quantised.ipynb #23728bf5
-def load_gguf_blocks(path, *, dtype: torch.dtype | str = torch.float32,
+def load_gguf_blocks(path, *, dtype: torch.dtype | str = "auto",
                      device: str | torch.device | None = None,
                      max_len: int | None = None) -> Pretrained:
     """A Llama GGUF file as chapter 16's `load_gguf` reads it, but with every matrix
-    stored in Q8_0, Q4_0 or Q4_1 kept in its blocks; `dtype` is that of the scales
-    and of everything else ("auto": `GGUFLlama.stored_dtype`). Checked from the file's
-    header (its metadata, tensor list and kinds) before anything is built."""
-    check_float_dtype(dtype, allow_auto=True)
+    stored in Q8_0, Q4_0 or Q4_1 kept in its blocks (the other quantised kinds are
+    dequantised, with a warning that names them); `dtype` is that of the scales and of
+    everything else ("auto": `GGUFLlama.stored_dtype`). Checked from the file's header
+    (its metadata, tensor list and kinds) before anything is built."""
+    check_float_dtype(dtype, allow_none=False, allow_auto=True)
     file = read_gguf_llama(path, max_len)
     dtype = file.stored_dtype if isinstance(dtype, str) else dtype
     layout, _ = expected_layout(GPT, file.config)  # every name and shape, first
     unused = check_rules({k: s for k, (_, s) in layout.items()}, file.rules,
                          file.shapes, str(path))
-    _check_has_blocks(file)
+    _check_has_blocks(file, dtype)
     model = _gguf_blocks_model(file, dtype)
     return Pretrained(model.eval(), file.tokenizer, unused, str(path)).to(device)

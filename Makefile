@@ -28,8 +28,9 @@ help:
 	@echo "make execute      re-run notebooks in place, saving outputs (NB=nbs/01_mixing.ipynb for one)"
 	@echo "make colab-check  nbval on every chapter as Colab runs it, in a fresh minimal environment"
 	@echo "make gpu-check    the tests and a short benchmark on CUDA (skips without a GPU)"
-	@echo "make portability-check  nbval on every chapter twice, with other CPU kernels and thread counts"
-	@echo "                  than the machine that executed them (what another machine would print)"
+	@echo "make portability-check  nbval on every chapter and the reduced-precision tests twice, with other"
+	@echo "                  CPU kernels and thread counts than the machine that executed them (what"
+	@echo "                  another machine would print); twice more on a CPU with native bfloat16"
 	@echo "make bench        benchmark scripts in bench/ (ratios against torch references)"
 
 # The environment: the package in editable mode with its pinned dev toolchain (settings.ini), plus
@@ -91,22 +92,33 @@ dist: $(STAMP)
 colab-check: $(STAMP)
 	$(BIN)/python scripts/colab_check.py $(NB)
 
-# Committed outputs must come out the same on another CPU. Two nbval runs over every chapter in
-# conditions that change the kernels and the order of float sums: torch's portable (non-vectorised)
-# kernels, MKL and oneDNN held to AVX2, one thread (JOBS notebooks side by side); then AVX2 kernels
-# with three threads, one notebook at a time.
+# Committed outputs, and the tests that compute in float16 or bfloat16 (marked reduced_precision),
+# must come out the same on another CPU. Two passes over every chapter (nbval) and those tests,
+# in conditions that change the kernels and the order of float sums: torch's portable
+# (non-vectorised) kernels, MKL and oneDNN held to AVX2, one thread (JOBS side by side); then AVX2
+# kernels with three threads, one at a time. Capping only lowers an ISA: a CPU with native
+# bfloat16 (AVX-512 BF16 or AMX) computes what no capped run can, so where this one has it, the
+# reduced-precision tests run twice more, uncapped and with oneDNN held to AVX512_CORE: two
+# bfloat16 kernels compared on one machine.
 # Each pass compiles (chapter 12's torch.compile) into an empty inductor cache of its own, as another
 # machine would: torch 2.13's cache does not tell apart kernels compiled under another
 # ATEN_CPU_CAPABILITY, and reusing them computes wrong numbers.
 INDUCTOR_CACHES = $(CURDIR)/_build/inductor-portability
+PORTABLE = ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+  TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHES)/default OMP_NUM_THREADS=1
+AVX2 = ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+  TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHES)/avx2 OMP_NUM_THREADS=3
+REDUCED = -m reduced_precision tests
 portability-check: $(STAMP)
 	rm -rf $(INDUCTOR_CACHES)
-	ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
-	  TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHES)/default \
-	  OMP_NUM_THREADS=1 $(PYTEST) -n $(JOBS) --dist loadfile $(NBVAL) nbs
-	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
-	  TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHES)/avx2 \
-	  OMP_NUM_THREADS=3 $(PYTEST) $(NBVAL) nbs
+	$(PORTABLE) $(PYTEST) -n $(JOBS) --dist loadfile $(NBVAL) nbs
+	$(PORTABLE) $(PYTEST) -n $(JOBS) --dist loadfile $(REDUCED)
+	$(AVX2) $(PYTEST) $(NBVAL) nbs
+	$(AVX2) $(PYTEST) $(REDUCED)
+	@if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then \
+	  echo "native bfloat16 here: the reduced-precision tests uncapped, then at AVX512_CORE"; \
+	  $(PYTEST) $(REDUCED) && ONEDNN_MAX_CPU_ISA=AVX512_CORE $(PYTEST) $(REDUCED); \
+	else echo "no native bfloat16 here (avx512_bf16, amx_bf16): its two passes skipped"; fi
 	rm -rf $(INDUCTOR_CACHES)
 
 gpu-check: $(STAMP)

@@ -207,8 +207,12 @@ def tracing() -> bool:
     (and `torch.export`, which traces with it), `torch.fx.symbolic_trace`, or a
     `torch.func` transform (`vmap`, `grad`, ...). Checks that read a tensor's values
     (not just its shape) skip themselves then."""
-    if compiling() or getattr(torch.compiler, "is_exporting", bool)():
-        return True
+    if "torch._dynamo" in sys.modules:  # else nothing has ever compiled here (inline,
+        is_compiling = getattr(torch.compiler, "is_compiling", None)  # as `compiling`:
+        if is_compiling is None:  # torch < 2.3      (this runs in every decoded token)
+            is_compiling = sys.modules["torch._dynamo"].is_compiling
+        if is_compiling() or getattr(torch.compiler, "is_exporting", bool)():
+            return True
     if _functorch_active():  # inside torch.func.vmap, grad, jacrev, ...
         return True
     fx = sys.modules.get("torch.fx._symbolic_trace")

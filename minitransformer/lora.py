@@ -232,7 +232,8 @@ def load_adapter(model: nn.Module, path) -> nn.Module:
     with or without LoRA layers yet (they are added as the file describes). The
     file's header — every layer's settings, every tensor's name and shape — is checked
     before anything is read or changed: a refused file leaves `model` as it was. A
-    folder is read as `peft`'s format (below), checked by its names and shapes."""
+    folder is read as `peft`'s format (below), checked by its names and shapes. The
+    file's matrices are cast to the dtype of the layers they go into (the base's)."""
     check_module(model)
     if Path(path).is_dir():  # adapter_config.json and adapter_model.safetensors
         specs, tensors = _read_peft(model, Path(path))

@@ -199,9 +199,10 @@ GGUF_META = {
     "tokenizer.ggml.merges": ["a b", "ab c"], "tokenizer.ggml.bos_token_id": 0}
 
 
-def gguf_file(path: Path, blocks: bool = False, **changes) -> Path:
+def gguf_file(path: Path, blocks: bool = False, ffn: str | None = None, **changes) -> Path:
     """A tiny llama GGUF (random weights: float32, or with `blocks` the matrices whose rows
-    are whole blocks in Q8_0); metadata `changes` by key, '.' as '_'."""
+    are whole blocks in Q8_0; `ffn`: the feed-forward matrices in that GGUF kind instead, e.g.
+    "Q5_0"); metadata `changes` by key, '.' as '_'."""
     meta = GGUF_META | {k.replace("__", "."): v for k, v in changes.items()}
     import gguf
 
@@ -222,8 +223,9 @@ def gguf_file(path: Path, blocks: bool = False, **changes) -> Path:
     for name, (src, _) in gguf_llama_rules(2, 4, 2, True).items():
         array = state[name].contiguous().numpy()
         if name != "head.weight" and blocks and array.ndim == 2 and array.shape[1] % 32 == 0:
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(src, gguf.quants.quantize(array, q8), raw_dtype=q8)
+            kind = ffn if ffn is not None and "ffn_" in src else "Q8_0"
+            kind = getattr(gguf.GGMLQuantizationType, kind)
+            w.add_tensor(src, gguf.quants.quantize(array, kind), raw_dtype=kind)
         elif name != "head.weight":
             w.add_tensor(src, array)
     w.write_header_to_file()

@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -187,3 +188,42 @@ def test_ctrl_c_stops_a_reply_in_a_chat_started_with_it_ignored():
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(term.pid, signal.SIGKILL)
+
+
+TIMING = re.compile(r"^prompt: (\d+) tokens, [\d.]+ tokens/s; generated: (\d+) tokens, "
+                    r"([\d.]+ tokens/s|-)$")
+
+
+def test_device_dtype_and_threads_and_the_timing_line():
+    """`--device cpu --dtype bfloat16 --threads 2` chats (what a bfloat16 model writes is the
+    machine's: only that it answers is asserted); `--verbose` and `generate` end with one
+    timing line on stderr whose counts are the prompt's and the reply's."""
+    gguf = _smollm2()
+    run = subprocess.run(CLI + ["chat", gguf, "--device", "cpu", "--dtype", "bfloat16",
+                                "--threads", "2", "--max-new-tokens", "8", "--verbose"],
+                         text=True, input="What is the capital of France?\n",
+                         capture_output=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip(), (run.stdout, run.stderr)
+    line = run.stderr.strip().splitlines()[-1]
+    assert TIMING.match(line) and 1 <= int(TIMING.match(line)[2]) <= 8, run.stderr
+    run = subprocess.run(CLI + ["generate", gguf, "The capital of France is",
+                                "--max-new-tokens", "3", "--dtype", "float32"],
+                         text=True, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    found = TIMING.match(run.stderr.strip())
+    assert found and found[1] == "5" and 1 <= int(found[2]) <= 3, run.stderr  # 5 in the prompt
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--device", "cuda"], "--device cuda: not present here (present: "),
+    (["--threads", "0"], "--threads: must be a whole number >= 1"),
+    (["--dtype", "int8"], "--dtype: invalid choice: 'int8'")])
+def test_an_absent_device_or_a_bad_option_exits_2(args, needle):
+    import torch
+    if args[:2] == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run = subprocess.run(CLI + ["chat", "any.gguf"] + args, text=True, input="",
+                         capture_output=True, timeout=120)
+    assert run.returncode == 2 and needle in run.stderr and "Traceback" not in run.stderr
+    if args[0] == "--device":
+        assert run.stderr.count("\n") == 1, run.stderr  # one line, nothing loaded

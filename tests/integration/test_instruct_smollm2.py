@@ -159,3 +159,16 @@ def test_the_committed_runs_hold_the_curves_and_the_paired_counts():
             gained = sum(b and not a for a, b in pairs)
             lost = sum(a and not b for a, b in pairs)
             assert (r[f"vs_{key}"]["gained"], r[f"vs_{key}"]["lost"]) == (gained, lost)
+
+
+def test_perplexity_builds_its_ids_on_the_models_device(tok):
+    "A model on another device (here the meta device) is given ids on that device."
+    class Seen(Exception):
+        pass
+
+    class Where(Uniform):
+        def forward(self, ids):
+            raise Seen(ids.device)
+    with pytest.raises(Seen) as seen:
+        perplexity(Where(tok.vocab_size).to("meta"), tok, "Bread.")
+    assert seen.value.args[0] == torch.device("meta")

@@ -65,6 +65,7 @@ def test_grouped_heads_must_divide_the_query_heads():
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.reduced_precision
 def test_fully_blocked_rows_are_zero_not_nan(seed, dtype):
     g, B, T, H, D = sizes(seed)
     S = T + 1
@@ -79,6 +80,8 @@ def test_fully_blocked_rows_are_zero_not_nan(seed, dtype):
         ref = torch.softmax((q.float() @ k.float().transpose(-2, -1)) / D ** 0.5
                             + torch.zeros(B, 1, T, S).masked_fill(~mask, float("-inf")), -1) @ v.float()
         ref = torch.where(allowed, ref, torch.zeros_like(ref))
+        # bfloat16: the scores, the weights and the output each rounded (2^-9 of values up to
+        # about 2), a few steps of any kernel's order on top
         assert torch.allclose(out.float(), ref, atol=1e-5 if dtype == torch.float32 else 5e-2)
 
 

@@ -172,6 +172,7 @@ def test_compiled_generation_with_a_lora_head():
     assert generate(model, prompts, 8, compile="eager") == generate(model, prompts, 8)
 
 
+@pytest.mark.reduced_precision
 def test_static_cache_under_autocast():
     "Autocast computes keys in bfloat16; the float32 static buffers take them cast."
     model = small_gpt()

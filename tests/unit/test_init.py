@@ -99,3 +99,53 @@ def test_the_top_level_is_the_committed_list_and_imports_no_optional_library():
              "'huggingface_hub', 'matplotlib', 'transformers', 'ipywidgets') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _loaders():
+    from minitransformer.checkpoints import load_checkpoint
+    from minitransformer.gguf import load_gguf, load_pretrained
+    from minitransformer.pretrained import load_folder
+    from minitransformer.quantised import load_gguf_blocks
+    return {load: "x.gguf", load_checkpoint: "x.safetensors", load_folder: ".",
+            load_gguf: "x.gguf", load_gguf_blocks: "x.gguf", load_pretrained: "x.gguf"}
+
+
+def test_every_loader_has_one_dtype_default_and_takes_the_same_values(tmp_path):
+    """dtype="auto" by default everywhere; a floating-point torch.dtype or "auto" accepted, and
+    anything else (None, a dtype's name, an integer dtype) refused before a file is read."""
+    import inspect
+    for loader, source in _loaders().items():
+        assert inspect.signature(loader).parameters["dtype"].default == "auto", loader
+        for bad in (None, "float16", torch.int8):
+            with pytest.raises(TypeError, match=r"dtype must be a floating-point torch.dtype"):
+                loader(tmp_path / source, dtype=bad)
+
+
+def test_keep_blocks_keeps_the_blocks_it_runs_and_dequantises_the_rest_naming_them(tmp_path):
+    "A file with Q5_0 matrices (as K-quants are: blocks this package does not keep)."
+    pytest.importorskip("gguf")
+    from minitransformer.gguf import load_gguf
+    from minitransformer.quantised import QuantisedWeight
+    path = gguf_file(tmp_path / "mixed.gguf", blocks=True, ffn="Q5_0")
+    with pytest.warns(UserWarning, match=r"its 4 tensors of other kinds \(4 Q5_0\) are "
+                      r"dequantised to torch.float32"):
+        kept = load(path, keep_blocks=True).model
+    layer = kept.decoder.layers[0]
+    assert isinstance(layer.self_attn.qkv.q_proj.weight, QuantisedWeight)  # Q8_0: kept
+    assert not isinstance(layer.ff.w1.weight, QuantisedWeight)  # Q5_0: floats
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():  # the same numbers as the file read wholly as floats
+        torch.testing.assert_close(kept(ids), load_gguf(path).model(ids))
+    floats = gguf_file(tmp_path / "f32.gguf")
+    with pytest.raises(ValueError, match="none quantised: there are no blocks to keep"):
+        load(floats, keep_blocks=True)
+
+
+def test_importing_the_package_leaves_the_compiler_unloaded():
+    "torch._dynamo (about two seconds) is imported where a compile is asked for, not before."
+    import subprocess
+    import sys
+    probe = "import sys, minitransformer; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False", out.stdout

@@ -219,6 +219,7 @@ def test_config_fields_are_all_checked(field, value):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("encoding", ["sinusoidal", "rotary", "learned"])
+@pytest.mark.reduced_precision
 def test_models_run_in_half_precision_with_computed_positions(dtype, encoding):
     "Positions are computed (no table to cast): they follow the model's dtype."
     from minitransformer.model import GPT, GPTConfig
@@ -229,7 +230,10 @@ def test_models_run_in_half_precision_with_computed_positions(dtype, encoding):
     with torch.no_grad():
         full, half = model(ids), model.to(dtype)(ids)
     assert half.dtype == dtype
-    assert (half.float() - full).abs().max() < 0.1
+    # a few roundings of the dtype's step at the logits' scale (measured: bfloat16 0.018 and
+    # float16 0.002 at logits up to 7; 0.003 and 0.0004 at logits of 0.3)
+    bound = 4 * torch.finfo(dtype).eps * (1 + full.abs().max())
+    assert (half.float() - full).abs().max() <= bound, ((half.float() - full).abs().max(), bound)
 
 
 @pytest.mark.timeout(60)

@@ -115,8 +115,9 @@ def _timing(stats: dict) -> str:
             f"{new} tokens, {speed(new - 1, stats['new_seconds'])}")
 
 # %% ../nbs/95_front.ipynb #c2bd2281
-_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
-           "float16": torch.float16}
+_DTYPES: dict[str, torch.dtype | str] = {
+    "auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
+    "float16": torch.float16}
 
 
 def _parser() -> argparse.ArgumentParser:

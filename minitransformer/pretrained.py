@@ -574,8 +574,7 @@ def load_folder(folder, *, dtype: torch.dtype | str = "auto",  # "auto": the con
     folder, config_file = Path(folder), Path(folder) / "config.json"
     check_float_dtype(dtype, allow_none=False, allow_auto=True)
     cfg, kind = _read_config(folder, max_len)  # a model_type of FAMILIES
-    if dtype == "auto":
-        dtype = _stored_dtype(cfg, config_file)
+    dtype = _stored_dtype(cfg, config_file) if isinstance(dtype, str) else dtype
     cls, make_config, make_rules, prefixes = FAMILIES[kind]
     with name_in_errors(config_file):
         config = make_config(cfg) if max_len is None else make_config(cfg, max_len)

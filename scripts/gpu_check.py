@@ -35,8 +35,11 @@ def bench_attention(dtype, B=8, H=16, T=2048, D=64, repeats=20) -> tuple[float, 
         out.append(flops / statistics.median(times) / 1e12)
     a = scaled_dot_product_attention(q, k, v, is_causal=True)
     b = scaled_dot_product_attention(q, k, v, mask)
-    tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
-    assert (a.float() - b.float()).abs().max().item() < tol, "is_causal and the causal mask disagree"
+    # two kernels, each rounding its output to bfloat16 (one step: 2^-8 to 2^-7 relative), so
+    # the bound is absolute and relative: outputs of early rows (1-3 keys) exceed 2
+    rtol, atol = (2**-7, 1e-2) if dtype == torch.bfloat16 else (0.0, 1e-4)
+    assert torch.allclose(a.float(), b.float(), rtol=rtol, atol=atol), \
+        "is_causal and the causal mask disagree"
     return tuple(out)
 
 

@@ -4,10 +4,11 @@ folder stored in bfloat16 (as the Hub serves it), each loaded under `dtype="auto
 default; for the GGUF file, float32) and the bfloat16 ones also in float32; each case in a fresh
 process, in turn.
 
-Usage: python bench/bench_dtypes.py [--threads N] [--out FILE.json]
+Usage: python bench/bench_dtypes.py [--threads N] [--out nbs/adapters/dtypes-bench.json]
 
-For each case: the dtype "auto" chose, the process's resident memory after loading above what
-the imports took (VmRSS), the first token's latency (the chat prompt's 37 tokens in one forward
+For each case: the dtype "auto" chose, the process's resident memory after loading and a first
+two-token reply, above what the imports took (VmRSS: every page of the weights touched, mapped
+file pages included), the first token's latency (the chat prompt's 37 tokens in one forward
 pass, and one token chosen), and eager greedy tokens/s over the next 31 tokens (the median of
 three rounds). Timings are of this machine and its load at the time: compare the rows of one run.
 """
@@ -24,6 +25,7 @@ import json, statistics, sys, time
 import torch
 import minitransformer as mt
 from minitransformer.generation import generate
+from minitransformer.gguf import read_gguf_llama
 torch.set_num_threads(int(sys.argv[3]))
 
 def rss() -> float:  # MB resident now
@@ -33,14 +35,14 @@ def rss() -> float:  # MB resident now
 
 dtype = "auto" if sys.argv[2] == "auto" else getattr(torch, sys.argv[2])
 source, blocks = sys.argv[1].removesuffix("+blocks"), sys.argv[1].endswith("+blocks")
+tok = read_gguf_llama(sys.argv[4]).tokenizer  # the file's chat template, for every case
+prompt = tok.encode(tok.apply_chat_template(
+    [{"role": "user", "content": "What is the capital of France?"}]), special_tokens=False)
 before = rss()
 kw = {} if source.endswith(".safetensors") else {"max_len": 256}  # (a checkpoint's own)
 loaded = mt.load(source, dtype=dtype, keep_blocks=blocks, **kw)
-memory = rss() - before
-tok = loaded.tokenizer or mt.load(sys.argv[4]).tokenizer
-prompt = tok.encode(tok.apply_chat_template(
-    [{"role": "user", "content": "What is the capital of France?"}]), special_tokens=False)
-generate(loaded.model, [prompt], 2)  # warm-up: the first call's one-off costs
+generate(loaded.model, [prompt], 2)  # warm-up: the first call's one-off costs, and
+memory = rss() - before  # every page of the weights read (a file's mapped pages too)
 firsts, rates = [], []
 for _ in range(3):
     times = []
@@ -71,7 +73,6 @@ def sources(tmp: Path) -> dict[str, str]:
     model = mt.load(gguf, dtype=torch.bfloat16, max_len=256).model
     checkpoint = mt.save_checkpoint(model, tmp / "smollm2-bf16.safetensors")
     folder = save_folder(model, tmp / "smollm2-bf16")  # config.json: "bfloat16"
-    mt.load(gguf).tokenizer.backend.save(str(folder / "tokenizer.json"))
     return {"GGUF Q4_1 file": str(gguf), "GGUF Q4_1 file, keep_blocks": f"{gguf}+blocks",
             "package checkpoint, bfloat16": str(checkpoint),
             "Hugging Face folder, bfloat16": str(folder)}
@@ -95,12 +96,19 @@ def main() -> None:
                                      text=True)
                 if run.returncode:
                     raise SystemExit(f"{name}, {asked}:\n{run.stderr}")
-                row = {"source": name, "dtype": asked} | json.loads(run.stdout)
+                row = {"source": name, "asked": asked} | json.loads(run.stdout)
                 rows.append(row)
                 print(f"{name:32}{asked:>8}{row['dtype']:>10}{row['memory_mb']:>11}"
                       f"{row['first_token_ms']:>16}{row['tokens_per_s']:>10}", flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1) + "\n")
+        import datetime
+        import platform
+        import torch
+        about = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                 "cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                 "command": "python bench/bench_dtypes.py --threads "
+                            f"{args.threads} --out {args.out}"}
+        args.out.write_text(json.dumps(about | {"rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -37,3 +37,17 @@ def test_every_readme_python_block_runs():
     printed = out.getvalue()
     assert printed.count("Paris") >= 2, printed  # the streamed chat and the blocks' one
     assert "<|im_" not in printed and "\nuser" not in printed, printed
+
+
+def test_the_readmes_dtype_table_is_the_benchs():
+    """Each row of the table under "One dtype policy" is a row of bench/bench_dtypes.py's
+    committed results, number for number, in the bench's order."""
+    import json
+    bench = json.loads((ROOT / "nbs" / "adapters" / "dtypes-bench.json").read_text())
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| SmolLM2-135M from"):].split("\n\n")[0].splitlines()[2:]
+    got = [[c.strip() for c in row.strip("|").split("|")] for row in table]
+    want = [[r["source"], r["asked"], r["dtype"], str(r["memory_mb"]),
+             f"{r['first_token_ms']:.0f}", f"{r['tokens_per_s']:.1f}"] for r in bench["rows"]]
+    assert got == want, (got, want)
+    assert f"{bench['threads']} threads" in text and bench["date"] in text

@@ -2,6 +2,7 @@
 layers and stacks trust is refused where a model's call begins, and RMSNorm is exact (gradcheck in float64, bfloat16 computed in
 float32, torch.func)."""
 
+import pytest
 import torch
 
 from minitransformer.layers import EncoderLayer, LayerConfig, RMSNorm, make_norm

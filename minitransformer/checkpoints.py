@@ -219,6 +219,29 @@ def _check_fits(path: Path, model: nn.Module, kind: str, config, shapes) -> None
                          f"config: {differ[:5]}")
 
 # %% ../nbs/92_checkpoints.ipynb #8c4a6f86
+def config_dtype(cfg: dict, where) -> torch.dtype:
+    "A config's `torch_dtype` (transformers 5 writes `dtype`); float32 if it has none."
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"{where}: torch_dtype {name!r} is not a floating-point type")
+    return dtype
+
+
+def generation_ends(file: Path, backend) -> tuple[str, ...]:
+    "The tokens of generation_config.json's `eos_token_id` (an id or ids), if any."
+    if not file.is_file():
+        return ()
+    ids = parse_json_object(file.read_bytes(), str(file)).get("eos_token_id")
+    ids = [] if ids is None else [ids] if type(ids) is int else ids
+    tokens = [backend.id_to_token(i) if type(i) is int else None
+              for i in (ids if isinstance(ids, list) else [None])]
+    if None in tokens:
+        raise ValueError(f"{file}: eos_token_id must be token ids of the vocabulary, "
+                         f"got {ids!r:.60}")
+    return tuple(t for t in tokens if t is not None)  # (all of them)
+
+
 def parse_json_object(text: str | bytes, where: str) -> dict:
     """`text` (or a file's bytes: UTF-8) parsed as a JSON object (a dict); else a
     ValueError naming `where`."""

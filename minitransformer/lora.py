@@ -89,7 +89,6 @@ class LoRALinear(nn.Module):
         "Fold the update into the base weight: one matrix, no extra cost per call."
         if self.merged:
             raise RuntimeError("this LoRA layer is already merged")
-        check_mergeable({"this layer": self})
         self.base.weight += self.delta()
         self.merged = True
 
@@ -147,20 +146,6 @@ def _all_layers(model: nn.Module, merged: bool) -> list[LoRALinear]:
         raise RuntimeError(f"{len(wrong)} LoRA layers are {state}, e.g. {wrong[0]}")
     return list(layers.values())
 
-# %% ../nbs/17_lora.ipynb #82c3746e
-QLORA_ROUTE = ("an update cannot be added to quantised blocks: save_folder(model, "
-               "folder) writes the model's floats with the updates merged in, "
-               "load_folder(folder) reads them back, and quantise rounds them again")
-
-
-def check_mergeable(layers: dict) -> None:
-    "Raise, naming the route that works, if a LoRA layer adapts a weight in blocks."
-    blocks = [n for n, m in layers.items()
-              if hasattr(m.base.weight, "__tensor_flatten__")]  # (chapter 18's)
-    if blocks:
-        raise ValueError(f"{len(blocks)} LoRA layers adapt weights kept in quantised "
-                         f"blocks (e.g. {blocks[0]}): {QLORA_ROUTE}")
-
 # %% ../nbs/17_lora.ipynb #b7316b48
 def add_lora(model: nn.Module,
              targets=("q_proj", "v_proj"),  # names of the nn.Linear layers to adapt
@@ -194,7 +179,10 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
 def merge_lora(model: nn.Module) -> None:
     "Merge every LoRA layer's update into its base weight (all or none)."
     layers = _all_layers(model, merged=False)
-    check_mergeable(lora_layers(model))
+    if any(hasattr(m.base.weight, "__tensor_flatten__") for m in layers):  # blocks:
+        raise ValueError("updates cannot be merged into quantised blocks: save_folder("
+                         "model, folder) writes floats with them merged in, load_folder"
+                         "(folder) reads those, and quantise rounds them again")
     for m in layers:
         m.merge()
 

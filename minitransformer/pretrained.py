@@ -12,9 +12,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .checkpoints import (check_layer_count, expected_layout,
-                                         model_from_state, name_in_errors,
-                                         parse_json_object)
+from .checkpoints import (
+    check_layer_count, config_dtype, expected_layout, generation_ends, model_from_state,
+    name_in_errors, parse_json_object)
 from .checks import (
     check_flag, check_float_dtype, check_int, check_module, check_positive_int)
 from .embeddings import pad_ids
@@ -341,20 +341,6 @@ def _check_talker(loaded, max_new_tokens, stream) -> tuple[GPT, PretrainedTokeni
     return loaded.model, loaded.tokenizer
 
 
-def _generation_ends(file: Path, backend) -> tuple[str, ...]:
-    "The tokens of generation_config.json's `eos_token_id` (an id or ids), if any."
-    if not file.is_file():
-        return ()
-    ids = parse_json_object(file.read_bytes(), str(file)).get("eos_token_id")
-    ids = [] if ids is None else [ids] if type(ids) is int else ids
-    tokens = [backend.id_to_token(i) if type(i) is int else None
-              for i in (ids if isinstance(ids, list) else [None])]
-    if None in tokens:
-        raise ValueError(f"{file}: eos_token_id must be token ids of the vocabulary, "
-                         f"got {ids!r:.60}")
-    return tuple(t for t in tokens if t is not None)  # (all of them)
-
-
 def _check_specials(backend, tokens: dict, chat_template) -> None:
     "Each special token a string of the vocabulary; the chat template a string."
     for name, tok in tokens.items():
@@ -449,7 +435,7 @@ class PretrainedTokenizer:
         template = folder / "chat_template.jinja"  # the template in a file of its own
         chat = (_read_template(template) if template.is_file()
                 else cfg.get("chat_template"))
-        end = _generation_ends(folder / "generation_config.json", backend)
+        end = generation_ends(folder / "generation_config.json", backend)
         with name_in_errors(extra):
             t = [_token_text(cfg.get(f"{k}_token")) for k in ("bos", "eos", "pad")]
             return cls(backend, t[0], t[1], t[2], chat, end=end)
@@ -494,10 +480,8 @@ class Pretrained:
     """A loaded model with what came with it. A `GPT` with a tokenizer writes text up
     to the end of its turn (`tokenizer.end_ids`): `chat`, `complete`. Keywords:
     `max_new_tokens` (fewer where max_len ends), `temperature` (0: greedy), `top_k`,
-    `top_p`, `seed`, `stream` (given each new piece of text), `compile`. After each
-    reply, `stats` holds its counts and times (as llama.cpp prints them): the prompt's
-    tokens and the seconds until the first new token, then the new tokens and the
-    seconds after that first one."""
+    `top_p`, `seed`, `stream` (given each new piece of text), `compile`. `stats`: the
+    last reply's prompt tokens, seconds to its first token, new tokens, seconds after."""
     model: nn.Module  # our GPT or TextEncoder, in eval mode
     tokenizer: PretrainedTokenizer | None  # None if the source has no tokenizer
     unused: dict[str, str]  # source tensors not needed by our model -> why
@@ -511,8 +495,7 @@ class Pretrained:
         return self
 
     def chat(self, messages: list[dict] | str, **kw) -> str:
-        """The assistant's reply to `messages` (role and content dicts), by the
-        template; a string is one user turn."""
+        "The reply to `messages` (role/content dicts; a string: one user turn)."
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         return self._reply(messages, chat=True, **kw)
@@ -529,23 +512,15 @@ class Pretrained:
         room = model.config.max_len + 1 - len(prompt)  # (the last is not fed)
         generator = None if seed is None else torch.Generator(
             next(model.parameters()).device).manual_seed(seed)
-        pieces, first = _TextPieces(tok.decode, stream), list[float]()
-        start = time.perf_counter()
-
-        def arrived(new: list) -> None:  # each new token (of the one row)
-            if not first:
-                first.append(time.perf_counter())
-            if stream is not None:
-                pieces.add(new)
+        pieces = _TextPieces(tok.decode, stream)
         ids = generate(model, [prompt], max(0, min(max_new_tokens, room)),
                        temperature=temperature, top_k=top_k, top_p=top_p,
                        stop_token=tok.end_ids, generator=generator,
-                       compile=compile, callback=arrived)[0]
-        end = time.perf_counter()
+                       compile=compile, callback=pieces.add)[0]
         pieces.add(ids[len(pieces.ids):], last=True)  # the rest (or, unstreamed, all)
-        at = first[0] if first else end
-        self.stats = {"prompt_tokens": len(prompt), "prompt_seconds": at - start,
-                      "new_tokens": len(ids), "new_seconds": end - at}
+        self.stats = {"prompt_tokens": len(prompt), "new_tokens": len(ids),
+                      "prompt_seconds": pieces.first - pieces.start,
+                      "new_seconds": pieces.end - pieces.first}
         return pieces.text
 
 
@@ -555,9 +530,14 @@ class _TextPieces:
 
     def __init__(self, decode, stream=None):
         self.decode, self.stream, self.ids, self.text = decode, stream, [], ""
+        self.start = self.first = self.end = time.perf_counter()  # (the times)
 
     def add(self, new: list, last: bool = False) -> None:
+        self.end = time.perf_counter()
+        self.first = self.end if not self.ids and not last else self.first
         self.ids = self.ids + [t for t in new if t is not None]
+        if self.stream is None and not last:  # nothing to show before the end
+            return
         text = self.decode(self.ids)
         ready, grows = last or not text.endswith("\ufffd"), text.startswith(self.text)
         if ready and grows and text != self.text and self.stream is not None:
@@ -574,7 +554,7 @@ def load_folder(folder, *, dtype: torch.dtype | str = "auto",  # "auto": the con
     folder, config_file = Path(folder), Path(folder) / "config.json"
     check_float_dtype(dtype, allow_none=False, allow_auto=True)
     cfg, kind = _read_config(folder, max_len)  # a model_type of FAMILIES
-    dtype = _stored_dtype(cfg, config_file) if isinstance(dtype, str) else dtype
+    dtype = config_dtype(cfg, config_file) if isinstance(dtype, str) else dtype
     cls, make_config, make_rules, prefixes = FAMILIES[kind]
     with name_in_errors(config_file):
         config = make_config(cfg) if max_len is None else make_config(cfg, max_len)
@@ -622,16 +602,6 @@ def _strip(keys, prefixes: tuple[str, ...]) -> dict[str, str]:
         short = next((k[len(p):] for p in prefixes if k.startswith(p)), k)
         out[short] = k
     return out
-
-
-def _stored_dtype(cfg: dict, config_file: Path) -> torch.dtype:
-    "The config's `torch_dtype` (transformers 5 writes `dtype`); float32 if none."
-    name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"{config_file}: torch_dtype {name!r} is not a floating-point "
-                         "type")
-    return dtype
 
 
 def _read_config(folder: Path, max_len) -> tuple[dict, str]:

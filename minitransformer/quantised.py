@@ -16,7 +16,7 @@ from .checks import (
     check_choice, check_float_dtype, check_module, compiling)
 from .embeddings import TokenEmbedding
 from .gguf import GGUFLlama, read_gguf_llama, tensor_from_gguf
-from .lora import LoRALinear, check_mergeable, lora_layers
+from .lora import LoRALinear, lora_layers, merge_lora
 from .model import GPT
 from .pretrained import Pretrained, check_rules
 
@@ -469,7 +469,8 @@ def _check_quantise(model, kind, targets: list, skip: tuple) -> None:
     unmerged = [n for n, m in model.named_modules()
                 if isinstance(m, LoRALinear) and not m.merged]
     if unmerged:
-        check_mergeable(lora_layers(model))  # over blocks: the route that works
+        if any(isinstance(m.weight, QuantisedWeight) for m in lora_layers(model).values()):
+            merge_lora(model)  # over blocks it refuses first, naming the route that works
         raise ValueError(f"{len(unmerged)} LoRA layers are not merged (e.g. "
                          f"{unmerged[0]}): merge_lora(model) first, then quantise")
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}

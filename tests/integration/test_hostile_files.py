@@ -185,7 +185,7 @@ def test_a_gguf_without_blocks_is_refused_before_building(tmp_path, monkeypatch)
     def build(*args):
         raise AssertionError("a model was built for a file that is refused")
     monkeypatch.setattr(quantised, "_gguf_blocks_model", build)
-    with pytest.raises(ValueError, match=r"F32.*load_gguf reads any kind"):
+    with pytest.raises(ValueError, match=r"F32.*none quantised.*load_gguf reads it"):
         load_gguf_blocks(path)
 
 

@@ -75,12 +75,16 @@ def test_each_gguf_format_matches_the_gguf_package():
             assert block == fmt.block, fmt
 
 
-def test_a_file_without_block_kinds_is_refused_before_building():
+def test_k_quants_are_named_and_dequantised_and_a_file_of_floats_is_refused():
+    "Decided from the tensor list alone: K-quants warned of by name, a file of floats refused."
     from types import SimpleNamespace
     from minitransformer.quantised import _check_has_blocks
-    f32 = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32)
-    q4k = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.Q4_K)
-    file = SimpleNamespace(path="x.gguf", rules={"a": ("x", None), "b": ("y", None)},
-                           tensors={"x": f32, "y": q4k})
-    with pytest.raises(ValueError, match="Q4_K"):
-        _check_has_blocks(file)
+    kinds = {k: SimpleNamespace(tensor_type=getattr(gguf.GGMLQuantizationType, k))
+             for k in ("F32", "Q4_K", "Q6_K", "Q4_1")}
+    file = SimpleNamespace(path="x.gguf", rules={k: (k, None) for k in kinds}, tensors=kinds)
+    with pytest.warns(UserWarning, match=r"2 tensors of other kinds \(1 Q4_K, 1 Q6_K\) are "
+                      r"dequantised to torch.float32"):
+        _check_has_blocks(file, torch.float32)
+    floats = SimpleNamespace(path="y.gguf", rules={"a": ("F32", None)}, tensors=kinds)
+    with pytest.raises(ValueError, match=r"\['F32'\], none quantised"):
+        _check_has_blocks(floats, torch.float32)

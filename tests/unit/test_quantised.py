@@ -461,7 +461,7 @@ def test_save_folder_writes_a_quantised_lora_model_as_floats(tmp_path):
 
 def test_qloras_ending_every_refusal_names_the_route_and_the_route_works(tmp_path):
     """merge_lora over blocks and quantise over an unmerged QLoRA model refuse (changing nothing)
-    and name the route; save_folder → load_folder → quantise is that route: the merged floats
+    and name the route (a layer's own merge is refused by the blocks themselves); save_folder → load_folder → quantise is that route: the merged floats
     read back compute what the QLoRA model did, and quantise rounds them to blocks again."""
     from minitransformer.lora import save_folder
     from minitransformer.pretrained import load_folder
@@ -473,7 +473,7 @@ def test_qloras_ending_every_refusal_names_the_route_and_the_route_works(tmp_pat
                 m.B.normal_(generator=torch.Generator().manual_seed(3))
     route = r"save_folder\(model, folder\).*load_folder\(folder\).*quantise"
     layer = model.decoder.layers[0].self_attn.qkv.q_proj
-    for refused in (lambda: merge_lora(model), layer.merge, lambda: quantise(model, "q4_1")):
+    for refused in (lambda: merge_lora(model), lambda: quantise(model, "q4_1")):
         with pytest.raises(ValueError, match=route):
             refused()
     assert not layer.merged and isinstance(layer.base.weight, QuantisedWeight)

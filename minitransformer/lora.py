@@ -144,6 +144,11 @@ def _all_layers(model: nn.Module, merged: bool) -> list[LoRALinear]:
     if wrong:
         state = "not merged" if merged else "already merged"
         raise RuntimeError(f"{len(wrong)} LoRA layers are {state}, e.g. {wrong[0]}")
+    if not merged and any(hasattr(m.weight, "__tensor_flatten__")  # chapter 18's
+                          for m in layers.values()):
+        raise ValueError("updates cannot be merged into quantised blocks: save_folder("
+                         "model, folder) writes floats with them merged in, load_folder"
+                         "(folder) reads those, and quantise rounds them again")
     return list(layers.values())
 
 # %% ../nbs/17_lora.ipynb #b7316b48
@@ -178,12 +183,7 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
 
 def merge_lora(model: nn.Module) -> None:
     "Merge every LoRA layer's update into its base weight (all or none)."
-    layers = _all_layers(model, merged=False)
-    if any(hasattr(m.base.weight, "__tensor_flatten__") for m in layers):  # blocks:
-        raise ValueError("updates cannot be merged into quantised blocks: save_folder("
-                         "model, folder) writes floats with them merged in, load_folder"
-                         "(folder) reads those, and quantise rounds them again")
-    for m in layers:
+    for m in _all_layers(model, merged=False):
         m.merge()
 
 

@@ -481,7 +481,7 @@ class Pretrained:
     to the end of its turn (`tokenizer.end_ids`): `chat`, `complete`. Keywords:
     `max_new_tokens` (fewer where max_len ends), `temperature` (0: greedy), `top_k`,
     `top_p`, `seed`, `stream` (given each new piece of text), `compile`. `stats`: the
-    last reply's prompt tokens, seconds to its first token, new tokens, seconds after."""
+    last reply's prompt tokens, seconds to its first token, new tokens, seconds on."""
     model: nn.Module  # our GPT or TextEncoder, in eval mode
     tokenizer: PretrainedTokenizer | None  # None if the source has no tokenizer
     unused: dict[str, str]  # source tensors not needed by our model -> why

@@ -469,8 +469,10 @@ def _check_quantise(model, kind, targets: list, skip: tuple) -> None:
     unmerged = [n for n, m in model.named_modules()
                 if isinstance(m, LoRALinear) and not m.merged]
     if unmerged:
-        if any(isinstance(m.weight, QuantisedWeight) for m in lora_layers(model).values()):
-            merge_lora(model)  # over blocks it refuses first, naming the route that works
+        over_blocks = [isinstance(m.weight, QuantisedWeight)
+                       for m in lora_layers(model).values()]
+        if any(over_blocks):
+            merge_lora(model)  # which refuses, naming the route that works
         raise ValueError(f"{len(unmerged)} LoRA layers are not merged (e.g. "
                          f"{unmerged[0]}): merge_lora(model) first, then quantise")
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}

@@ -35,9 +35,17 @@ def test_chat_stops_at_the_end_of_the_turn_and_streams_the_same_text(smol):
 
 
 def test_sampled_replies_repeat_with_their_seed_and_complete_continues_text(smol):
+    """A seed repeats a sampled reply (the same model, on the same machine); `complete` continues
+    a prompt with its likeliest token where that token leads by a margin no kernel can undo
+    (measured 2.48 logits for " Paris" over " the"; float32's error there is ~1e-4)."""
     kw = dict(max_new_tokens=20, temperature=0.8, top_k=40, seed=7)
     assert smol.chat(QUESTION, **kw) == smol.chat(QUESTION, **kw)
-    assert "Paris" in smol.complete("The capital of France is", max_new_tokens=8)
+    tok, prompt = smol.tokenizer, "The capital of France is"
+    with torch.no_grad():
+        top = smol.model(torch.tensor([tok.encode(prompt)]))[0, -1].topk(2)
+    assert top.values[0] - top.values[1] > 1.0, top  # a clear winner, on any machine
+    said = smol.complete(prompt, max_new_tokens=8)
+    assert said.startswith(tok.decode([int(top.indices[0])])) and said.startswith(" Paris")
 
 
 # bfloat16 keeps 8 significant bits: over SmolLM2's 30 layers the chat's logits moved by at most

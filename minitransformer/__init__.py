@@ -168,12 +168,10 @@ def _positive_int(text: str) -> int:
 
 def _device(name: str | None) -> torch.device:
     "`--device`: the one named, if this machine has it; None: the best present."
+    best = default_device()  # (no machine has both CUDA and MPS)
     if name is None:
-        return default_device()
-    mps = getattr(torch.backends, "mps", None)
-    present = [d for d, here in (("cuda", torch.cuda.is_available()),
-                                 ("mps", mps is not None and mps.is_available()),
-                                 ("cpu", True)) if here]
+        return best
+    present = list(dict.fromkeys([best.type, "cpu"]))
     if name not in present:
         raise ValueError(f"--device {name}: not present here (present: "
                          f"{', '.join(present)})")

@@ -9,27 +9,22 @@ import math
 import torch
 
 from .attention import scaled_dot_product_attention
-from .distributed import shard_batch
-from .generation import top_p_filter
-from .lora import LoRALinear
 from .masks import causal_mask
 from .mixing import softmax
-from .model import GPT, GPTConfig, count_parameters, mean_pool
+from .model import GPT, GPTConfig, count_parameters
 from .multihead import split_heads
 from .positions import RotaryEmbedding
-from .training import sequence_loss
 
 # %% auto #0
 __all__ = ['ExerciseError', 'check_softmax', 'check_embedding', 'check_projections', 'check_attention', 'check_split_heads',
            'check_feedforward', 'check_rope', 'check_causal_mask', 'check_layer_norm', 'check_cache_step',
-           'check_parameter_count', 'check_top_p', 'check_next_token_loss', 'check_shard', 'check_mean_pool',
-           'check_q8_0', 'check_lora']
+           'check_parameter_count']
 
 # %% ../nbs/94_exercises.ipynb #c1353174
 class ExerciseError(AssertionError):
     "What is wrong with a reader's function, said in one sentence."
 
-
+# %% ../nbs/94_exercises.ipynb #998f7dd4
 def _shape(t) -> str:
     return str(tuple(t.shape))
 
@@ -46,7 +41,8 @@ def _call(fn, what: str, args: tuple, case: str):
             f"your {what} raised {type(e).__name__} ({e}) on {case}") from None
 
 
-def _same(got, want, tol: float) -> bool:  # (in float64: no rounding to want's dtype)
+def same(got, want, tol: float) -> bool:
+    "`got` is a tensor of `want`'s shape and kind, equal within `tol` (in float64)."
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
             and got.is_floating_point() == want.is_floating_point()
             and torch.allclose(got.detach().double(), want.double(), atol=tol, rtol=tol,
@@ -73,9 +69,20 @@ def _difference(got, want) -> str:
 
 
 def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) -> None:
-    """Raise an `ExerciseError` unless `got` matches `want` (a tensor, or an int).
-    `mistakes`: pairs (a mistake's result, or a test of `got`; its sentence, or a
-    function of `got` that writes it), tried in order before type, shape and value."""
+    """Raise an `ExerciseError` unless `got` matches `want` (a tensor, an int, or a
+    list of ints, compared as an int64 tensor). `mistakes`: pairs (a mistake's result,
+    or a test of `got`; its sentence, or a function of `got` that writes it), tried
+    in order before type, shape and value."""
+    if isinstance(want, list):
+        if isinstance(got, (list, tuple)):
+            odd = {"None" if t is None else type(t).__name__ for t in got} - {"int"}
+            if odd:
+                raise ExerciseError(f"your {what} returned a list holding "
+                                    f"{' and '.join(sorted(odd))} on {case}; the "
+                                    "package returns a list of ints")
+            got = torch.tensor(got, dtype=torch.long)
+        ids = lambda t: torch.tensor(t, dtype=torch.long) if isinstance(t, list) else t
+        want, mistakes = ids(want), [(ids(w), s) for w, s in mistakes]
     if isinstance(want, int):  # a count: the mistakes are the wrong counts
         if type(got) is not int:
             raise ExerciseError(f"your {what} returned a {type(got).__name__}, not an "
@@ -93,11 +100,11 @@ def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) ->
                 not got.isneginf().any() else "an additive mask of 0 and -inf")
         raise ExerciseError(f"your {what} returned {kind} on {case}; masks are "
                             "boolean (True = may attend)")
-    if _same(got, want, tol):
+    if same(got, want, tol):
         return
     for wrong, sentence in mistakes:
         try:  # the mistake's value, or a test of `got` (written for the right shape)
-            fits = wrong(got) if callable(wrong) else _same(got, wrong, tol)
+            fits = wrong(got) if callable(wrong) else same(got, wrong, tol)
         except Exception:
             fits = False
         if fits:
@@ -120,7 +127,7 @@ def _compare(got, want, what: str, case: str, mistakes=(), tol: float = 1e-5) ->
                         + _difference(got, want))
 
 
-def _checker(what: str, tol: float = 1e-5):
+def checker(what: str, tol: float = 1e-5):
     """A checker from a generator of cases `(args, case, want, mistakes)`: it calls the
     reader's function on each `args` (the global random state kept), compares, and
     says how many agree. Several results: `want` and `mistakes` are dicts by name."""
@@ -143,7 +150,7 @@ def _checker(what: str, tol: float = 1e-5):
     return make
 
 # %% ../nbs/94_exercises.ipynb #1e81d2de
-@_checker("softmax")
+@checker("softmax")
 def check_softmax(fn, empty_rows: bool = True):
     """Check `fn(scores)`, a softmax over the last axis, against `mixing.softmax` (with
     `empty_rows`, a row of all -inf scores too: weights 0, the book's convention)."""
@@ -177,11 +184,11 @@ def check_softmax(fn, empty_rows: bool = True):
                "that each row sums to 1") for d in range(n - 1)],
             (lambda w: n > 1 and abs(w.sum().item() - 1) < 1e-5, "you normalised over "
              "the whole tensor; softmax makes each row (the last axis) sum to 1"),
-            (lambda w: _same(w / w.sum(-1, keepdim=True), want, 1e-5),
+            (lambda w: same(w / w.sum(-1, keepdim=True), want, 1e-5),
              "your weights are not normalised: divide by the row's sum")]
 
 # %% ../nbs/94_exercises.ipynb #2785f908
-@_checker("embedding lookup")
+@checker("embedding lookup")
 def check_embedding(fn):
     "Check `fn(ids, table)`: the rows `(B, T, C)` of `table` `(V, C)` for ids `(B, T)`."
     g = torch.Generator().manual_seed(1)
@@ -190,7 +197,10 @@ def check_embedding(fn):
         table = torch.randn(V, C, generator=g)
         case = f"ids of shape {(B, T)} and a ({V}, {C}) table"
         yield (ids, table), case, table[ids], [
-            (table[(ids + 1) % V], "your rows are one token off: id i reads row i"),
+            (table[(ids + 1) % V], "your rows are one token off: id i reads row i, "
+             "not row i + 1"),
+            (table[ids - 1], "your rows are one token off: id i reads row i, not row "
+             "i - 1 (ids count from 0)"),
             (table[ids.flatten()], "you flattened the batch: the result keeps the "
              "ids' shape, (B, T, C)"),
             (table[ids.T], "your result is (T, B, C): keep the ids' shape, (B, T, C)"),
@@ -198,7 +208,7 @@ def check_embedding(fn):
              "(B, T, V); multiply them by the table to get the rows")]
 
 # %% ../nbs/94_exercises.ipynb #b37166a0
-@_checker("q, k, v projections")
+@checker("q, k, v projections")
 def check_projections(fn):
     """Check `fn(x, source, w_q, w_k, w_v)` → `(q, k, v)`: queries from `x`, keys and
     values from `source` (x in self-attention), weights `(C, D)` used as `x @ w`."""
@@ -219,7 +229,7 @@ def check_projections(fn):
                 for n, m in wrong.items()}
 
 # %% ../nbs/94_exercises.ipynb #2c339635
-@_checker("scaled dot-product attention")
+@checker("scaled dot-product attention")
 def check_attention(fn):
     """Check `fn(q, k, v, mask)` → `(..., T, Dv)` for q `(..., T, D)`, k `(..., S, D)`,
     v `(..., S, Dv)` and a boolean mask to `(..., T, S)` (True = may attend) or None,
@@ -245,6 +255,10 @@ def check_attention(fn):
             f", a ({T}, {S}) mask" if masked else ", no mask")), plain(), [
             (plain(1.0), "your scores are not scaled: divide q·k by √D"),
             (plain(1 / D), "you divided the scores by D; divide by √D"),
+            *[(plain(n ** -0.5) if n != D else None, f"you divided the scores by √{s}; "
+               "divide by √D, the width of q and k") for n, s in (
+                (S, "S, the number of keys" + (" (and of queries)" if S == T else "")),
+                (T, "T, the number of queries"))],
             (plain(Dv ** -0.5), "you divided by √Dv, the width of the values; divide "
              "by √D, the width of q and k"),
             *([(plain(m=None), "your output ignores the mask"),
@@ -263,7 +277,7 @@ def check_attention(fn):
              "over the keys (the last axis) sum to 1")]
 
 # %% ../nbs/94_exercises.ipynb #b1724daa
-@_checker("split heads")
+@checker("split heads")
 def check_split_heads(fn):
     """Check `fn(x, n_heads)`: `(B, T, C)` → `(B, H, T, C / H)`, head h holding the
     slice `h·D .. (h+1)·D - 1` of every token, against `multihead.split_heads`."""
@@ -278,10 +292,12 @@ def check_split_heads(fn):
             (x.view(B, T, H, D), "you split the last axis but kept (B, T, H, D): swap "
              "T and H to get (B, H, T, D)"),
             (split_heads(x, H).flatten(0, 1), "you merged B and H into one axis; "
-             "keep them apart, (B, H, T, D)")]
+             "keep them apart, (B, H, T, D)"),
+            (split_heads(x, H).flip(1), "your heads are in reverse order: head h holds "
+             "the slice h·D .. (h+1)·D - 1, head 0 the first")]
 
 # %% ../nbs/94_exercises.ipynb #97f4b02c
-@_checker("feed-forward", tol=1e-4)
+@checker("feed-forward", tol=1e-4)
 def check_feedforward(fn):
     "Check `fn(x, w1, b1, w2, b2)` = `GELU(x @ w1 + b1) @ w2 + b2` (exact GELU)."
     g, F = torch.Generator().manual_seed(5), torch.nn.functional
@@ -306,7 +322,7 @@ def check_feedforward(fn):
             (F.gelu(h0) @ w2, "you left out both biases, b1 and b2")]
 
 # %% ../nbs/94_exercises.ipynb #06f6a764
-@_checker("rotary embedding", tol=1e-4)
+@checker("rotary embedding", tol=1e-4)
 def check_rope(fn):
     """Check `fn(x, positions)`: `(..., T, D)` rotated for positions `(T,)`, base 10000,
     the halves paired (x_i, x_{i+D/2}), against `positions.RotaryEmbedding`."""
@@ -333,10 +349,13 @@ def check_rope(fn):
              "wrong sign)"),
             *[(RotaryEmbedding(D, 64, base=b)(x, pos), "your frequencies have the "
                "wrong exponent: pair i = 0 .. D/2 - 1 turns by θ_i = 10000^(-2i/D)")
-              for b in (100.0, 1e8)]]  # 10000^(-i/D), 10000^(-4i/D)
+              for b in (100.0, 1e8)],  # 10000^(-i/D), 10000^(-4i/D)
+            *[(RotaryEmbedding(D, 64, base=b)(x, pos), f"your rotation uses base "
+               f"{b:,.0f}; the convention is 10,000: θ_i = 10000^(-2i/D)")
+              for b in (1000.0, 1e5, 5e5, 1e6)]]
 
 # %% ../nbs/94_exercises.ipynb #7446bdf0
-@_checker("causal mask")
+@checker("causal mask")
 def check_causal_mask(fn):
     """Check `fn(T, S)`: the `(T, S)` boolean causal mask (True = may attend) for the
     last `T` of `S` positions, aligned bottom-right, against `masks.causal_mask`."""
@@ -358,7 +377,7 @@ def check_causal_mask(fn):
              "rows")]
 
 # %% ../nbs/94_exercises.ipynb #940d200f
-@_checker("layer norm", tol=1e-4)
+@checker("layer norm", tol=1e-4)
 def check_layer_norm(fn):
     """Check `fn(x, eps)`: each vector of `x` `(..., C)` minus its mean, divided by
     √(variance + eps) (no learned scale or shift), against `F.layer_norm`."""
@@ -387,7 +406,7 @@ def check_layer_norm(fn):
              "vector (the last)")]
 
 # %% ../nbs/94_exercises.ipynb #8ba6dfb9
-@_checker("KV-cache step")
+@checker("KV-cache step")
 def check_cache_step(fn):
     """Check `fn(k_cache, v_cache, q, k, v)` → `(out, k_cache, v_cache)`, a decoding
     step: caches `(B, H, P, D)` of P past positions, the new token's `q, k, v`
@@ -406,8 +425,9 @@ def check_cache_step(fn):
                                                 ("v_cache", vc, v, K)]}
         yield (kc, vc, q, k, v), f"{P} cached positions, caches {(B, H, P, D)}", dict(
             out=scaled_dot_product_attention(q, K, V), k_cache=K, v_cache=V), dict(
-            out=[(att(kc, vc) if P else None, "your step attends only to the past: "
-                  "append the new key and value before attending"),
+            out=[(att(kc, vc), "your step attends before appending the new key and "
+                  "value, so it sees only the past (nothing, with an empty cache): "
+                  "append first, then attend to all P + 1 positions"),
                  (v, "your output is the new value v: attend to all P + 1 positions"),
                  (att(K, V, 1.0), "your scores are not scaled: divide q·k by √D"),
                  (att(K, V, 1 / D), "you divided the scores by D; divide by √D"),
@@ -415,7 +435,7 @@ def check_cache_step(fn):
                   "weights over the P + 1 keys (the last axis) sum to 1")], **caches)
 
 # %% ../nbs/94_exercises.ipynb #c1372de0
-@_checker("parameter count")
+@checker("parameter count")
 def check_parameter_count(fn):
     """Check `fn(vocab_size, max_len, d_model, n_layers)`: the parameters of a GPT-2
     style `GPT` (learned positions, biases, layer norms, feed-forward 4·d_model wide,
@@ -433,7 +453,10 @@ def check_parameter_count(fn):
             (want - V * C, f"{out} the token embedding (vocab_size·C)"),
             (want - T * C, f"{out} the learned positions (max_len·C)"),
             (want - 2 * C, f"{out} the final norm (2·C)"),
-            (want - L * 4 * C, f"{out} the layer norms (4·C per layer)"),
+            (want - L * 4 * C, f"{out} 4·C per layer: the layer norms (2·C each), "
+             "attention's four biases (C each) or the first feed-forward bias (4·C)"),
+            (want - L * 5 * C, f"{out} the feed-forward's biases (5·C per layer: 4·C, "
+             "then C)"),
             (want - L * 9 * C, f"{out} the biases (9·C per layer: 4·C in attention, "
              "5·C in the feed-forward)"),
             (want - L * 13 * C - 2 * C, f"{out} biases and norms (13·C a layer, 2·C)"),
@@ -441,180 +464,3 @@ def check_parameter_count(fn):
             (want - L * (6 * C * C + 3 * C), "your feed-forward is d_model wide; it is "
              "4·d_model"),
             (want - (L - 1) * layer, "you counted one layer; there are n_layers")]
-
-# %% ../nbs/94_exercises.ipynb #53ac5648
-@_checker("top-p filter")
-def check_top_p(fn):
-    """Check `fn(logits, p)`: the scores `(B, V)` with -inf for every token outside the
-    nucleus — in each row, the fewest most likely tokens whose softmax probabilities
-    add up to at least `p` (`0 < p < 1`) — against `generation.top_p_filter`."""
-    g, inf = torch.Generator().manual_seed(12), -torch.inf
-    chapter = torch.tensor([[3.0, 2.2, 1.5, 1.0, 0.2, -0.5, -1.0, -2.0]])
-    cases = [(chapter, 0.8), (chapter, 0.5)] + [(torch.randn(B, V, generator=g) * 2, p)
-        for (B, V), p in [((3, 11), .5), ((2, 50), .9), ((4, 6), .05), ((2, 1), .3)]]
-    top_k = torch.randn(2, 9, generator=g)
-    cases.append((top_k.masked_fill(top_k < top_k.topk(4).values[:, -1:], inf),
-                  0.7))  # scores that top-k has already cut
-    for logits, p in cases:
-        want, probs = top_p_filter(logits, p), logits.softmax(-1)
-        sure, ranked = probs.sort(-1, descending=True), logits.sort(-1, descending=True)
-        first = sure.values.cumsum(-1) - sure.values < p  # the nucleus, sorted
-        kept = lambda keep, order=sure.indices: logits.masked_fill(  # the scores where
-            ~torch.zeros_like(keep).scatter(-1, order, keep), inf)  # `keep`, in `order`
-        yield (logits, p), f"logits {_shape(logits)}, p = {p}", want, [
-            (lambda w: w.dtype == torch.bool, "you returned a boolean mask of the kept "
-             "tokens; return the scores, with -inf where the mask is False"),
-            (want.softmax(-1), "you returned probabilities; return the scores, with "
-                               "-inf for every token outside the nucleus"),
-            (want.masked_fill(want == inf, 0.0), "you set the dropped scores to "
-             "0; they must be -inf, so that softmax gives them probability 0"),
-            (lambda w: _same(w.masked_fill(w < -1e8, inf), want, 1e-5), "you set the "
-             "dropped scores to a large negative number; use -inf"),
-            (kept(sure.values.cumsum(-1) <= p), "you kept only the tokens whose "
-             "running sum stays within p; the nucleus also keeps the token that "
-             "reaches p"),
-            (kept(probs.cumsum(-1) - probs < p, torch.arange(logits.shape[-1]).expand(
-                logits.shape)), "you added up the probabilities in token order; add "
-             "them from the most likely token down"),
-            (kept(ranked.values.cumsum(-1) - ranked.values < p, ranked.indices),
-             "you added up the scores; add up their softmax probabilities"),
-            *[(k, "you left the nucleus in sorted order: scatter it back to token "
-               "order with the indices that sort returned") for k in (
-                logits.masked_fill(~first, inf),
-                logits.gather(-1, sure.indices).masked_fill(~first, inf))]]
-
-# %% ../nbs/94_exercises.ipynb #7242792e
-@_checker("next-token loss", tol=1e-4)
-def check_next_token_loss(fn):
-    """Check `fn(logits, ids)`: the language-modelling loss of logits `(B, T, V)` for
-    the token ids `(B, T)` they were computed from — the mean cross-entropy of each
-    position's logits against the NEXT token — against `training.sequence_loss`."""
-    g, ce = torch.Generator().manual_seed(10), torch.nn.functional.cross_entropy
-    for B, T, V in [(1, 2, 3), (2, 5, 7), (3, 9, 11), (1, 17, 5)]:
-        logits = torch.randn(B, T, V, generator=g) * 2
-        ids = torch.randint(0, V, (B, T), generator=g)
-        guess, target = logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)
-        yield (logits, ids), f"logits {(B, T, V)}", sequence_loss(guess, target), [
-            (sequence_loss(logits, ids), "you scored each position on its own token: "
-             "position t predicts token t + 1 (drop the last logits, the first ids)"),
-            (sequence_loss(logits[:, 1:], ids[:, :-1]), "you shifted the wrong way: "
-             "the logits at t predict the id at t + 1"),
-            (sequence_loss(logits[:, :-1], ids[:, :-1]), "you dropped the last logits "
-             "but not the first ids: the logits at t predict the id at t + 1"),
-            (sequence_loss(logits[:, 1:], ids[:, 1:]), "you dropped the first ids but "
-             "not the last logits: the logits at t predict the id at t + 1"),
-            (ce(guess, target, reduction="sum"), "you summed the losses; take their "
-             "mean over the predicted positions"),
-            (lambda w: _same(w.flatten(), ce(guess, target, reduction="none"), 1e-4),
-             "you returned one loss per position; return their mean, one number"),
-            (ce(guess.softmax(-1), target), "you applied softmax before "
-             "cross_entropy, which takes the raw logits"),
-            (-sequence_loss(guess, target), "your loss is negative: cross-entropy is "
-             "the mean of -log p(next token)")]
-
-# %% ../nbs/94_exercises.ipynb #821c5df1
-@_checker("shard")
-def check_shard(fn):
-    """Check `fn(batch, rank, world_size)`: this rank's rows of a global batch whose
-    first dimension divides evenly — rank r keeps rows `r·b .. (r+1)·b - 1`,
-    `b = B / world_size` — against `distributed.shard_batch`."""
-    for B, rank, world in [(8, 0, 2), (8, 1, 2), (12, 2, 3), (5, 0, 1), (6, 5, 6)]:
-        batch, b = torch.arange(B * 3).view(B, 3), B // world
-        yield (batch, rank, world), f"a batch of {B} rows, rank {rank} of {world}", (
-            shard_batch(batch, rank, world)), [
-            (batch[rank::world], "you dealt the rows round-robin; each rank keeps one "
-             "contiguous block, rows r·b .. (r+1)·b - 1"),
-            (batch[(rank + 1) * b: (rank + 2) * b], "your block is one rank off: rank "
-             "r starts at row r·b"),
-            (batch[(rank - 1) * b: rank * b], "your block is one rank behind: ranks "
-             "count from 0, and rank r starts at row r·b"),
-            (batch[rank * world: (rank + 1) * world], "your block has world_size rows; "
-             "each rank keeps b = B / world_size"),
-            (batch, "you returned the whole batch; each rank keeps its B / world_size "
-             "rows")]
-
-# %% ../nbs/94_exercises.ipynb #b359c05b
-@_checker("mean pooling")
-def check_mean_pool(fn):
-    """Check `fn(hidden, mask)`: the average of `hidden` `(B, T, C)` over real tokens
-    (`mask` `(B, T)`, True = real), scaled to length 1, against `model.mean_pool`."""
-    g, unit = torch.Generator().manual_seed(11), torch.nn.functional.normalize
-    for B, T, C in [(1, 3, 4), (3, 6, 5), (2, 1, 8)]:
-        hidden = torch.randn(B, T, C, generator=g)
-        mask = torch.ones(B, T, dtype=torch.bool)
-        if T > 1:
-            mask[-1, T // 2:] = False  # the last text is padded
-        flip = mean_pool(hidden, ~mask)[-1]
-        yield (hidden, mask), (f"hidden {(B, T, C)}, {int((~mask).sum())} padded "
-                               "position(s)"), mean_pool(hidden, mask), [
-            (unit(hidden.mean(1), dim=-1), "you averaged the padding too: average only "
-             "the positions where the mask is True"),
-            (mean_pool(hidden, mask, normalize=False), "your vectors are not scaled to "
-             "length 1"),
-            (unit(hidden[:, 0], dim=-1), "you took the first token's vector; this "
-             "pooling averages all real tokens"),
-            (unit(hidden[:, -1], dim=-1), "you took the last position's vector; this "
-             "pooling averages all real tokens"),
-            (unit(hidden.masked_fill(~mask[..., None], -torch.inf).amax(1), dim=-1),
-             "you took the largest value of each feature; this pooling averages"),
-            (mean_pool(unit(hidden, dim=-1), mask), "you scaled each token to length 1 "
-             "before averaging; scale the average"),
-            (lambda w: T > 1 and _same(w[-1], flip, 1e-5), "you averaged the padding "
-             "alone: True in the mask marks the real tokens")]
-
-# %% ../nbs/94_exercises.ipynb #b1d934a0
-@_checker("Q8_0 dequantisation", tol=1e-6)
-def check_q8_0(fn):
-    """Check `fn(raw)`: GGUF's Q8_0 blocks dequantised. `raw` is a uint8 tensor of
-    34-byte blocks, each a float16 scale d then 32 signed bytes q; the block's numbers
-    are d·q, float32, `(32 · blocks,)`. Against the `gguf` package's dequantiser."""
-    import gguf  # (the chapters' extra: the real model's file format)
-    g = torch.Generator().manual_seed(12)
-    for blocks in (1, 2, 5):
-        d = (torch.rand(blocks, generator=g) * 0.1 + 0.001).half()
-        q = torch.randint(-128, 128, (blocks, 32), generator=g, dtype=torch.int8)
-        q[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)  # the extremes
-        raw = torch.cat([d.view(torch.uint8).view(blocks, 2), q.view(torch.uint8)], 1)
-        raw = raw.flatten()
-        want = torch.from_numpy(gguf.quants.dequantize(
-            raw.numpy(), gguf.GGMLQuantizationType.Q8_0).astype("float32"))
-        yield (raw,), f"{blocks} block(s), {raw.numel()} bytes", want, [
-            ((d.float()[:, None] * q.view(torch.uint8).float()).flatten(), "you read "
-             "the 32 numbers as unsigned bytes (0..255); they are signed (-128..127)"),
-            (q.float().flatten(), "you left out the scale: each number is d·q"),
-            ((d.view(torch.bfloat16).float()[:, None] * q).flatten(), "you read the "
-             "scale as bfloat16; it is float16"),
-            (want.view(blocks, 32), "you returned (blocks, 32); flatten to one row of "
-             "32 · blocks numbers"),
-            (lambda w: w.dtype == torch.float16, "your numbers are float16; compute "
-             "d·q in float32")]
-
-# %% ../nbs/94_exercises.ipynb #150c892e
-@_checker("LoRA layer", tol=1e-4)
-def check_lora(fn):
-    """Check `fn(x, weight, bias, A, B, alpha)` = `x Wᵀ + b + (alpha / r) x Aᵀ Bᵀ`, with
-    `A` `(r, in)` and `B` `(out, r)`, against `lora.LoRALinear`."""
-    g = torch.Generator().manual_seed(9)
-    for lead, d_in, d_out, r, alpha in [((3,), 4, 5, 1, 1.0), ((2, 6), 8, 8, 2, 16.0),
-                                        ((1,), 7, 5, 4, 8.0)]:
-        base = torch.nn.Linear(d_in, d_out)
-        layer = LoRALinear(base, r=r, alpha=alpha)
-        W, b, A, B = (t.detach() for t in (base.weight, base.bias, layer.A, layer.B))
-        for t in (W, b, A, B):  # (their storage is the layer's)
-            t.copy_(torch.randn(t.shape, generator=g))
-        x = torch.randn(*lead, d_in, generator=g)
-        with torch.no_grad():
-            want, y0, up = layer(x), base(x), x @ A.T @ B.T
-        yield (x, W, b, A, B, alpha), (f"x {(*lead, d_in)}, a ({d_out}, {d_in}) layer, "
-                                     f"r = {r}, alpha = {alpha:g}"), want, [
-            *([(y0 + alpha * up, "you scaled the update by alpha; LoRA scales it by "
-                "alpha / r")] if r > 1 else []),  # (with r = 1 the two agree)
-            (up * alpha / r, "your output lacks the frozen layer's own x Wᵀ + b"),
-            (y0, "your output has no update: add (alpha / r) x Aᵀ Bᵀ"),
-            (want - b, "you left out the frozen layer's bias b"),
-            (y0 + r / alpha * up if r != alpha else None, "you swapped r and alpha: "
-             "LoRA scales the update by alpha / r, not r / alpha"),
-            (y0 + alpha / r ** 0.5 * up if r > 1 else None, "you scaled the update by "
-             "alpha / √r (rsLoRA); this exercise scales it by alpha / r"),
-            ((y0 + up) * alpha / r if r != alpha else None, "you scaled the frozen "
-             "layer's output too; only the update is scaled by alpha / r")]

@@ -81,9 +81,11 @@ EXEMPT = {
        "answers for each checker are in tests/unit/test_exercises.py" for name in (
         "ExerciseError", "check_softmax", "check_embedding", "check_projections",
         "check_attention", "check_split_heads", "check_feedforward", "check_rope",
-        "check_causal_mask", "check_layer_norm", "check_cache_step", "check_lora",
-        "check_parameter_count", "check_next_token_loss", "check_shard", "check_mean_pool",
-        "check_q8_0", "check_top_p")},
+        "check_causal_mask", "check_layer_norm", "check_cache_step", "check_parameter_count")},
+    **{f"exercises_2.{name}": "runs a reader's function on its own cases; right and wrong "
+       "answers for each checker are in tests/unit/test_exercises_2.py" for name in (
+        "check_top_p", "check_next_token_loss", "check_shard", "check_mean_pool", "check_q8_0",
+        "check_lora", "check_q4_0_linear", "check_reply_targets")},
     **{f"pretrained.{name}": "reads checkpoint files or runs a loaded model; its own tests "
        "(tests/integration/test_pretrained_parity.py)" for name in (
            "fill", "model_from_rules", "load_folder", "PretrainedTokenizer",

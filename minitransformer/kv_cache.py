@@ -221,7 +221,11 @@ class DecoderCache:
     """The caches of a `Decoder` stack: one self-attention `KVCache` per layer and, for
     an encoder–decoder, one cross-attention cache per layer holding the encoder output's
     keys and values. `length`, the tokens processed so far, is kept once here: the
-    self-attention caches share it."""
+    self-attention caches share it, each layer writes after it, and the `Decoder`
+    advances it once, after its last layer. A call that fails halfway has advanced
+    nothing: its half-written slots lie past `length`, unread, until a later call
+    writes over them. `allocate` and `for_decoder` build it; `static` passes the
+    compiled mode to every self-attention cache; `truncate` and `reset` rewind it."""
     self_attn: list[KVCache]
     cross_attn: list[KVCache] | None = None
     length: int = field(init=False, default=0)

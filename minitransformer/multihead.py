@@ -17,6 +17,19 @@ from .qkv import QKVProjection
 __all__ = ['split_heads', 'merge_heads', 'HeadProjection', 'repeat_kv', 'MultiHeadAttention']
 
 # %% ../nbs/05_multihead.ipynb #d0e7ced5
+def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    "`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices."
+    *lead, T, C = x.shape
+    x = x.view(*lead, T, n_heads, C // n_heads)  # (B, T, H, D)
+    return x.transpose(-3, -2)  # (B, H, T, D)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    "`(B, H, T, D)` → `(B, T, H·D)`: the heads side by side (concatenated, not summed)."
+    *lead, H, T, D = x.shape
+    return x.transpose(-3, -2).reshape(*lead, T, H * D)  # (B, T, H, D) -> (B, T, H·D)
+
+# %% ../nbs/05_multihead.ipynb #1b999dd8
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """`(B, T, H·D)` → `(B, H, T, D)`: cut the last dimension into `n_heads` slices.
 
@@ -25,25 +38,12 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return _split_heads(x, n_heads)
 
 
-def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    "`split_heads` without its checks (the modules call it with what they built)."
-    *lead, T, C = x.shape
-    x = x.view(*lead, T, n_heads, C // n_heads)  # (B, T, H, D)
-    return x.transpose(-3, -2)  # (B, H, T, D)
-
-
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     "`(B, H, T, D)` → `(B, T, H·D)`: the heads side by side (concatenated, not summed)."
     _check_merge(x)  # x a tensor (..., H, T, D)
     return _merge_heads(x)
 
 
-def _merge_heads(x: torch.Tensor) -> torch.Tensor:
-    "`merge_heads` without its checks."
-    *lead, H, T, D = x.shape
-    return x.transpose(-3, -2).reshape(*lead, T, H * D)  # (B, T, H, D) -> (B, T, H·D)
-
-# %% ../nbs/05_multihead.ipynb #1b999dd8
 def _check_split(x, n_heads) -> None:
     "Raise unless `x` is a tensor `(..., T, C)` and `n_heads` an int ≥ 1 dividing C."
     check_tensor(x, "x")

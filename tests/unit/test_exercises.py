@@ -15,6 +15,7 @@ from minitransformer.attention import scaled_dot_product_attention
 from minitransformer.masks import causal_mask
 from minitransformer.mixing import softmax
 from minitransformer.multihead import split_heads
+from test_exercises_2 import RIGHT as RIGHT_2, WRONG as WRONG_2
 
 F = torch.nn.functional
 INF = float("inf")
@@ -259,15 +260,19 @@ WRONG = [  # checker, a name, a wrong answer, words its sentence must contain
 ]
 
 
-@pytest.mark.parametrize("checker", RIGHT, ids=lambda c: c.__name__)
+EVERY_RIGHT = RIGHT | RIGHT_2  # with chapters 12–19's (tests/unit/test_exercises_2.py)
+EVERY_WRONG = WRONG + WRONG_2
+
+
+@pytest.mark.parametrize("checker", EVERY_RIGHT, ids=lambda c: c.__name__)
 def test_right_answers_pass(checker, capsys):
-    for right in RIGHT[checker]:
+    for right in EVERY_RIGHT[checker]:
         checker(right)
     out = capsys.readouterr().out
-    assert out.count("cases agree with the package") == len(RIGHT[checker]), out
+    assert out.count("cases agree with the package") == len(EVERY_RIGHT[checker]), out
 
 
-@pytest.mark.parametrize("checker, wrong, phrase", WRONG)
+@pytest.mark.parametrize("checker, wrong, phrase", EVERY_WRONG)
 def test_a_wrong_answer_is_refused_with_its_name(checker, wrong, phrase):
     with pytest.raises(E.ExerciseError, match=phrase):
         checker(wrong)

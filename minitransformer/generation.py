@@ -325,10 +325,10 @@ def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
 # %% ../nbs/12_generation.ipynb #24b21fb6
 _RECOMPILE_LIMIT = 64  # graphs of the step per process (torch's default: 8)
 # inductor's options (for this compile only): a one-row product by a weight of at most
-# 2048 x 2048 as a fused multiply-and-sum of its own, which reads the weight at memory
-# speed (the matrix library's one-row product on a CPU does not); and the step's
-# kernels recorded once as a CUDA graph and replayed, one launch a token (the option
-# behind mode="reduce-overhead"; inductor sets it aside for a step on the CPU)
+# 2048 x 2048 as a multiply-and-sum that inductor generates and fuses itself, in place
+# of the matrix library's one-row product; and the step's kernels recorded once as a
+# CUDA graph and replayed, one launch a token (the option behind
+# mode="reduce-overhead"; inductor sets it aside for a step on the CPU)
 _INDUCTOR_OPTIONS: dict[str, Any] = {
     "post_grad_fusion_options": {"decompose_mm_pass": {}}, "triton.cudagraphs": True}
 

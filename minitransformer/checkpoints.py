@@ -22,7 +22,7 @@ from .model import (
     TextEncoderConfig, Transformer, TransformerConfig, ViTConfig, VisionTransformer)
 
 # %% auto #0
-__all__ = ['FORMAT', 'write_safetensors', 'save_checkpoint', 'read_header', 'load_checkpoint']
+__all__ = ['FORMAT', 'write_safetensors', 'save_checkpoint', 'read_header', 'load_checkpoint', 'register_wrapped']
 
 # %% ../nbs/92_checkpoints.ipynb #b5ca59d4
 FORMAT = "minitransformer-checkpoint-3"  # the format's name and version
@@ -387,16 +387,24 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
     return model
 
 
-_WRAPPED_TYPES = ("QuantisedWeight",)  # the tensors of tensors a checkpoint rebuilds
+_WRAPPED: dict[str, type] = {}  # the tensors of tensors a checkpoint rebuilds, by name
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
+def register_wrapped(cls: type) -> type:
+    """Let checkpoints store and rebuild `cls`, a tensor made of tensors: stored as the
+    inner tensors its `__tensor_flatten__` names, rebuilt by its `__tensor_unflatten__`.
+    The module that defines such a class registers it (chapter 18: `QuantisedWeight`),
+    so this one names no later chapter."""
+    _WRAPPED[cls.__name__] = cls
+    return cls
+
+
 def _wrapped_type(name: str) -> type[Any]:
-    "The class a checkpoint's `wrapped` entry names (one of `_WRAPPED_TYPES`)."
-    from .quantised import QuantisedWeight  # (chapter 18; it imports this module)
-    return {"QuantisedWeight": QuantisedWeight}[name]
+    "The class a checkpoint's `wrapped` entry names (registered: `register_wrapped`)."
+    return _WRAPPED[name]
 
 
 def _unwrap_layout(path: Path, meta: dict, layout: dict) -> tuple[dict, dict]:
@@ -406,10 +414,10 @@ def _unwrap_layout(path: Path, meta: dict, layout: dict) -> tuple[dict, dict]:
     wrapped = parse_json_object(meta.get("wrapped", "{}"), f"{path}'s wrapped tensors")
     layout, names = dict(layout), {v: k for k, v in _DTYPES.items()}
     for name, how in wrapped.items():
-        if (not (isinstance(how, dict) and how.get("type") in _WRAPPED_TYPES)
+        if (not (isinstance(how, dict) and how.get("type") in _WRAPPED)
                 or name.startswith(TRAIN_PREFIX)):
             raise ValueError(f"{path}: {name} is stored as {how!r:.80}; a checkpoint "
-                             f"holds model weights of types {list(_WRAPPED_TYPES)}")
+                             f"holds model weights of types {sorted(_WRAPPED)}")
         inner = {k[len(name) + 1:]: layout.pop(k) for k in list(layout)
                  if k.startswith(name + ".")}
         try:

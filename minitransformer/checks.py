@@ -3,6 +3,8 @@
 # %% ../nbs/93_checks.ipynb #933bbd0f
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import numbers
@@ -13,7 +15,8 @@ import torch
 # %% auto #0
 __all__ = ['shape_str', 'check_tensor', 'broadcast_shape', 'check_int', 'check_positive_int', 'check_number', 'check_probability',
            'check_dropout', 'check_choice', 'check_flag', 'check_str', 'check_bool_mask', 'is_integer_tensor',
-           'check_float_dtype', 'autocast_on', 'check_dtype', 'check_module', 'tracing', 'check_backend']
+           'check_float_dtype', 'autocast_on', 'check_dtype', 'check_module', 'tracing', 'check_backend',
+           'values_checked', 'reading_values']
 
 # %% ../nbs/93_checks.ipynb #8c49c45f
 def shape_str(x: torch.Tensor) -> str:
@@ -265,3 +268,26 @@ def never_compiled(fn):
             eager = _EAGER[fn] = torch.compiler.disable(fn)
         return eager(*args, **kwargs)
     return call
+
+# %% ../nbs/93_checks.ipynb #5b9e0f31
+_TRUSTED = contextvars.ContextVar("minitransformer_values_checked", default=False)
+
+
+@contextlib.contextmanager
+def values_checked():
+    """Inside this block the values that reach a model were checked where the call
+    entered — `generate` checks its prompts once, and every later id is one the model
+    drew itself — so the checks that read values back from the device skip themselves:
+    their read would otherwise come once a token."""
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def reading_values() -> bool:
+    """Whether a check may read a tensor's values: not while a tracer records the call
+    (`tracing`), nor inside `values_checked`."""
+    return not (tracing() or _TRUSTED.get())  # (tracing first: a compiler sees True)
+

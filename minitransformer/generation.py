@@ -6,19 +6,22 @@ from __future__ import annotations
 import functools
 import os
 import statistics
+import threading
 import time
+import warnings
 from typing import Any
 
 import torch
 
 from .checks import (
     check_flag, check_int, check_number, check_positive_int, check_probability,
-    check_backend, check_tensor, never_compiled, shape_str, tracing)
+    check_backend, check_tensor, never_compiled, shape_str, tracing, values_checked)
 from .embeddings import check_id_list, pad_ids
+from .kv_cache import DecoderCache
 from .model import GPT, Transformer
 
 # %% auto #0
-__all__ = ['sample_next', 'top_p_filter', 'generate', 'read_bandwidth']
+__all__ = ['sample_next', 'top_p_filter', 'GenerationCache', 'generate', 'read_bandwidth']
 
 # %% ../nbs/12_generation.ipynb #4bd094e0
 _NOT_FINITE = ("logits must have a finite largest score in every row, got NaN, +inf "
@@ -128,7 +131,8 @@ def _as_rows(prompts, name: str, vocab_size: int) -> list[list[int]]:
 
 
 def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, top_p,
-                    stop_token, generator, use_cache, compile, callback=None) -> tuple:
+                    stop_token, generator, use_cache, compile, callback=None,
+                    cache=None) -> tuple:
     """Check `generate`'s arguments; return the prompts and sources as rows of ids,
     `max_new_tokens` as an int, the torch.compile backend (None: run eagerly) and
     the stop ids as a frozenset."""
@@ -142,6 +146,11 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
         raise ValueError("compile=... compiles the cached one-token step; it needs "
                          "use_cache=True")
     stops = _stop_ids(stop_token)
+    if cache is not None and not isinstance(cache, GenerationCache):
+        raise TypeError(f"cache must be a GenerationCache (what generate keeps from "
+                        f"call to call), got {type(cache).__name__}")
+    if cache is not None and not use_cache:
+        raise ValueError("cache= holds the KV cache that use_cache=False does without")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {type(callback).__name__}")
     encdec = isinstance(model, Transformer)
@@ -203,6 +212,61 @@ def _left_padded(rows: list[list[int]], total: int, pad: int, device):
     positions = torch.arange(total, device=device)[None, :] - offset[:, None]
     return ids, real, positions.clamp(min=0)  # counted from each row's first token
 
+# %% ../nbs/12_generation.ipynb #6d0c9a51
+def _slots(total: int, max_len: int) -> int:
+    """A cache's length for `total` tokens: the next power of two from 64 on, so that
+    most calls share a graph and a `GenerationCache`'s memory; `max_len` once the next
+    power after it would pass `max_len` (then every longer call shares them too)."""
+    slots = max(64, 1 << (total - 1).bit_length())
+    return max_len if 2 * slots > max_len else slots
+
+
+class GenerationCache:
+    """What `generate` keeps from one call to the next (`generate(..., cache=...)`):
+    the model's key/value caches and the tensors a step reads that change every token
+    — the newest ids, each row's position and the write slot —, on the model's device
+    and advanced there in place. A call whose model configuration, batch size, cache
+    size, dtype and device match the last call's resets them and writes into the same
+    memory (the fixed addresses a CUDA graph replays on); any other call makes them
+    anew (after `model.to(...)`, say). One decoding at a time: `generate` refuses a
+    cache that another thread is decoding with. `free()` lets the memory go; a copy or
+    a pickle of it is a fresh, empty one."""
+
+    def __init__(self):
+        self.kv: DecoderCache | None = None  # the model's caches (make_cache)
+        self.ids: torch.Tensor | None = None  # (B, 1): the step's input, the newest ids
+        self.positions: torch.Tensor | None = None  # (B, 1): their positions
+        self.slot: torch.Tensor | None = None  # (1,): the static cache's write slot
+        self._busy = threading.Lock()  # held while a generate decodes with it
+
+    def free(self) -> None:
+        "Let the memory go (the next call makes it again)."
+        self.kv = self.ids = self.positions = self.slot = None
+
+    def _fit(self, model, B: int, slots: int, static: bool,
+             memory: torch.Tensor | None) -> DecoderCache:
+        "The caches for this call: the last call's, reset, if they match; else new."
+        kv = self.kv
+        if kv is not None and kv.matches(model.decoder, B, slots, static, memory):
+            kv.reset()  # (the buffers stay: their old contents lie past the length)
+            if memory is not None:  # the encoder output's keys and values, anew
+                kv.fill_cross_attention(model.decoder, memory)
+            return kv
+        self.free()  # (the old buffers go before the new ones come)
+        kv = self.kv = (model.make_cache(B, slots, static=static) if memory is None
+                        else model.make_cache(memory, slots, static))
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=kv.self_attn[0].k.device)
+        self.positions = torch.zeros_like(self.ids)
+        self.slot = self.ids.new_zeros(1)
+        return kv
+
+    def __reduce__(self):  # (copy, deepcopy, pickle: an empty cache, no lock)
+        return (GenerationCache, ())
+
+    def __repr__(self) -> str:
+        return f"GenerationCache({self.kv!r})"
+
+
 # %% ../nbs/12_generation.ipynb #8827f5be
 @never_compiled  # a loop in Python: a compiler tracing a caller runs it as is
 @torch.no_grad()
@@ -220,61 +284,87 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
              compile: bool | str = False,  # torch.compile the step (or: a backend)
              callback=None,  # after each step: callback(the B new ids; None for a
              # row that has stopped), as they come (for streaming)
+             cache: GenerationCache | None = None,  # kept from call to call (None:
+             # a new one for this call)
              ) -> list[list[int]]:  # the new tokens of each row
     """Continue each prompt token by token. Prompts of different lengths are padded
     on the left, with positions counted from each row's first real token and the
-    padding masked, so each row gets exactly the tokens it would get alone.
+    padding masked, so each row gets exactly the tokens it would get alone. The
+    caches, the newest ids, their positions and the write slot live in `cache` (a
+    `GenerationCache`), on the model's device, advanced there: nothing is read back
+    but the tokens (once at the end, or once a step with a stop token or a callback).
     `compile` runs the one-token steps through `torch.compile` (`_compiled_step`),
     one graph a step (greedy: the choice of the token included), over a static cache
-    written at a slot held on the device and sized in powers of two (or `max_len`), so
-    that calls of other lengths reuse the compiled code."""
+    sized in powers of two (or `max_len`), so that calls of other lengths reuse the
+    compiled code and, with one `cache`, its memory."""
     rows, src_rows, max_new_tokens, backend, stops = _check_generate(
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
-        generator, use_cache, compile, callback)
+        generator, use_cache, compile, callback, cache)
+    held = GenerationCache() if cache is None else cache
+    if not held._busy.acquire(blocking=False):
+        raise RuntimeError("this GenerationCache is decoding in another generate call "
+                           "(another thread): one decoding per cache at a time")
+    try:  # (the prompts are checked; every later id is one the model drew)
+        with values_checked():
+            return _decode(model, rows, src_rows, max_new_tokens, backend, stops,
+                           held if use_cache else None,
+                           (float(temperature), top_k, top_p, generator), callback)
+    finally:
+        held._busy.release()
+
+
+def _decode(model, rows, src_rows, max_new_tokens: int, backend, stops, held,
+            sampling: tuple, callback) -> list[list[int]]:
+    "`generate`'s loop, on checked arguments (`held`: None without a KV cache)."
     encdec, pad = isinstance(model, Transformer), model.config.pad_id
     B, P, device = len(rows), max(map(len, rows)), next(model.parameters()).device
     total = P + max_new_tokens  # the last new token is never fed back
     ids, real, positions = _left_padded(rows, total, pad, device)
+    real[:, P:] = True  # the new tokens (a slot not yet written: hidden by the slot)
     # (the type: ignores below: encdec says that model is a Transformer, which the
     # type checker cannot follow)
     memory = source_mask = None
     if encdec:  # the sources, padded on the right, through the encoder once
         src = pad_ids(src_rows, pad)[0].to(device)
         memory, source_mask = model.encode(src)  # type: ignore[operator]
-    cache, static = None, backend is not None
-    slots = _slots(total, model.config.max_len) if static else total  # cache length
-    if use_cache and encdec:
-        cache = model.make_cache(memory, slots, static)  # type: ignore[arg-type]
-    elif use_cache:
-        cache = model.make_cache(B, slots, static=static)  # type: ignore[arg-type]
-    if static:  # the mask covers every slot; those not yet written are not real
+    static = backend is not None
+    slots = _slots(total, model.config.max_len)  # (powers of two: later calls fit)
+    kv = None if held is None else held._fit(model, B, slots, static, memory)
+    if static:  # the mask covers every slot; those past the call's are not real
         real = torch.cat([real, real.new_zeros(B, max(slots - total, 0))], 1)
-        slot_real = real[:, :slots]  # (B, slots): a view (the last token is never fed)
-    sampling = (float(temperature), top_k, top_p, generator)
+    slot_real = real[:, :slots]  # (B, slots): a view (the last token is never fed)
     greedy = sampling[0] == 0.0  # compiled: the argmax is part of the step
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     step = _step if backend is None else _compiled_step(backend, greedy)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
+    if kv is not None and total > P:  # the first new token's positions, and its slot
+        held.positions.copy_(positions[:, P:P + 1])
+        held.slot.fill_(P)
     out: list[list[int]] = [[] for _ in range(B)]  # each row's new tokens
     drawn, done = [], [False] * B
     for t in range(P, total):
-        one = cache is not None and t > P  # the newest token alone, after the cache
-        lo = t - 1 if one else 0
-        kw = dict(positions=positions[:, lo:t], cache=cache)
-        if one and static:  # written at slot t - 1; the mask: the real slots
-            kw |= dict(cache_position=torch.tensor([lo], device=device),
-                       attention_mask=slot_real)
-        elif one and not encdec and padded:  # its mask row: a view
-            kw["full_attention_mask"] = real4[..., :t]
-        elif padded or (static and encdec):  # the prompt (or all): built once
-            kw["attention_mask"] = slot_real if static else real[:, :t]
-        mem = memory if cache is None else None  # (a cache holds the encoder's keys)
-        logits = (step if one else _step)(model, ids[:, lo:t], mem, source_mask, kw)
-        if one and static:  # (its caller, generate, keeps the cache's length)
-            cache.length = t  # type: ignore[union-attr]  # static: a cache
+        one = kv is not None and t > P  # the newest token alone, after the cache
+        if one:  # the held input, position and slot
+            x, kw = held.ids, dict(positions=held.positions, cache=kv)
+            if static:  # written at its slot; the mask: the real slots
+                kw |= dict(cache_position=held.slot, attention_mask=slot_real)
+            elif not encdec and padded:  # its mask row: a view
+                kw["full_attention_mask"] = real4[..., :t]
+        else:  # the prompt (into the cache), or all of it again without one
+            x, kw = ids[:, :t], dict(positions=positions[:, :t], cache=kv)
+            if padded or (static and encdec):
+                kw["attention_mask"] = slot_real if static else real[:, :t]
+        mem = memory if kv is None else None  # (a cache holds the encoder's keys)
+        logits = (step if one else _step)(model, x, mem, source_mask, kw)
         nxt = (logits if one and static and greedy  # (B,): the step chose them
                else _sample(logits, *sampling))  # -1 where the logits are not finite
-        ids[:, t], real[:, t] = nxt.clamp(min=0), True
+        if kv is None:
+            ids[:, t] = nxt.clamp(min=0)
+        else:  # the next step's input, position and slot, advanced on the device
+            held.ids.copy_(nxt.clamp(min=0)[:, None])
+            if one:
+                held.positions.add_(1)
+                held.slot.add_(1)
         if not stops and callback is None:  # read once, at the end
             drawn.append(nxt)
             continue
@@ -333,14 +423,6 @@ _INDUCTOR_OPTIONS: dict[str, Any] = {
     "post_grad_fusion_options": {"decompose_mm_pass": {}}, "triton.cudagraphs": True}
 
 
-def _slots(total: int, max_len: int) -> int:
-    """A compiled step's cache length for `total` tokens: the next power of two from
-    64 on, so that most calls share a graph; `max_len` once the next power after it
-    would pass `max_len` (then every longer call shares that graph too)."""
-    slots = max(64, 1 << (total - 1).bit_length())
-    return max_len if 2 * slots > max_len else slots
-
-
 def _greedy_step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
     "`_step` and the greedy choice: each row's next token `(B,)` (-1: not finite)."
     return _sample(_step(model, ids, memory, source_mask, kw), 0.0, None, None, None)
@@ -351,7 +433,9 @@ def _compiled_step(backend: str, greedy: bool):
     """`_step` (or `_greedy_step`) through `torch.compile` with `backend`, as one graph:
     every shape static, the cache's write slot a tensor. Its output is copied: a CUDA
     graph's outputs are overwritten by its next replay (the caches are the graph's
-    own: module buffers, which the compiler takes as fixed addresses)."""
+    own: module buffers, which the compiler takes as fixed addresses, and a
+    `GenerationCache` keeps them from call to call). Past the compile limit, a step
+    with no graph runs eagerly, with one warning."""
     options = _INDUCTOR_OPTIONS if backend == "inductor" else None
     compiled = torch.compile(_greedy_step if greedy else _step, backend=backend,
                              fullgraph=True, dynamic=False, options=options)
@@ -363,19 +447,21 @@ def _compiled_step(backend: str, greedy: bool):
     hit = tuple(getattr(exc, name) for name in (
         "FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, name))
 
+    eager, said = _greedy_step if greedy else _step, []
+
     def step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
-        own = dict(memory_format=torch.contiguous_format)  # copies, not views into
-        ids = ids.clone(**own)  # generate's buffers (whose offsets change each step)
-        kw = kw | dict(positions=kw["positions"].clone(**own))
         try:
             with cfg.patch(limits):  # (never silently eager)
                 return compiled(model, ids, memory, source_mask, kw).clone()
-        except hit as e:
-            raise RuntimeError(
-                f"compile={backend!r}: torch.compile has compiled {_RECOMPILE_LIMIT} "
-                "graphs of generate's step in this process (one per model "
-                "configuration, or per change that its guards see), its limit; call "
-                "torch._dynamo.reset() to start again, or pass compile=False") from e
+        except hit:  # past the limit: this step eagerly, and the user told once
+            if not said:
+                said.append(warnings.warn(
+                    f"compile={backend!r}: torch.compile has compiled "
+                    f"{_RECOMPILE_LIMIT} graphs of generate's step in this process "
+                    "(one per model configuration, batch size or cache size), its "
+                    "limit; steps it has no graph for now run eagerly "
+                    "(torch._dynamo.reset() starts afresh)", stacklevel=3))
+            return eager(model, ids, memory, source_mask, kw)
         except exc.Unsupported as e:  # fullgraph: a break is an error, not a slow step
             raise RuntimeError(
                 f"compile={backend!r}: the step cannot be compiled as one graph "

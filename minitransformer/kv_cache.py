@@ -11,7 +11,7 @@ from torch import nn
 
 from .checks import (
     check_dtype, check_flag, check_float_dtype, check_int, check_positive_int,
-    check_tensor, shape_str, tracing)
+    check_tensor, reading_values, shape_str)
 from .layers import Decoder
 
 # %% auto #0
@@ -208,7 +208,7 @@ def _check_slots(cache_position, static: bool, T: int, max_len: int) -> None:
         raise ValueError(f"cache_position must be ({T},) int64 slots, one per new "
                          f"token, got {shape_str(cache_position)} "
                          f"{cache_position.dtype}")
-    if tracing():  # (appendix D: no values to read)
+    if not reading_values():  # (appendix D: under a tracer, or checked upstream)
         return
     low, high = torch.stack(torch.aminmax(cache_position)).tolist()  # one transfer
     if low < 0 or high >= max_len:
@@ -323,6 +323,19 @@ class DecoderCache:
                              f"{T} new > max_len {self.max_len}; allocate a longer "
                              "cache")
         return self.max_len if self.static else self.length + T
+
+    def matches(self, decoder: Decoder, batch_size: int, max_len: int,
+                static: bool = False, memory: torch.Tensor | None = None) -> bool:
+        """Whether `for_decoder` (with `memory`'s length as `source_len`) would make a
+        cache of this one's shapes, kind, dtype and device: then `reset` reuses it."""
+        attn: Any = decoder.layers[0].self_attn  # (a module's attribute: untyped)
+        w, k, cross = _key_weight(decoder), self.self_attn[0].k, self.cross_attn
+        same_cross = (cross is None if memory is None else
+                      cross is not None and cross[0].k.shape[2] == memory.shape[1])
+        return (len(self.self_attn) == len(decoder.layers) and self.static == static
+                and tuple(k.shape) == (batch_size, attn.n_kv_heads, max_len,
+                                       attn.head_dim)
+                and (k.dtype, k.device) == (w.dtype, w.device) and same_cross)
 
     def slot_mask(self, slots: torch.Tensor,
                   real: torch.Tensor | None = None) -> torch.Tensor:

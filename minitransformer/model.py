@@ -12,8 +12,8 @@ from torch import nn
 from .attention import check_mask
 from minitransformer.checks import (
     check_bool_mask, check_choice, check_dtype, check_flag, check_int, check_module,
-    check_number, check_positive_int, check_tensor, is_integer_tensor, shape_str,
-    tracing)
+    check_number, check_positive_int, check_tensor, is_integer_tensor, reading_values,
+    shape_str)
 from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache, check_encoder_output
 from .layers import Decoder, Encoder, LayerConfig
@@ -158,8 +158,6 @@ def _check_model_positions(positions, B: int, T: int) -> None:
 
 def _check_ranges(ids, vocab_size: int, name: str, positions=None, max_len=0) -> None:
     "Raise unless ids are in [0, vocab_size), positions in [0, max_len): one read."
-    if tracing():  # (appendix D: a tracer records the call, it has no values)
-        return
     both = positions is not None and positions.numel()
     ends = [ids.min(), ids.max()] + ([positions.min(), positions.max()] if both else [])
     low, high, *where = torch.stack(  # one transfer
@@ -183,11 +181,15 @@ def _check_decoding(model: nn.Module, ids, name: str, vocab_size: int, positions
     decoder: Any = model.decoder
     B, T = _ids(ids, name)
     keys = decoder.check_cache(cache, B, T, memory, cache_position)  # fit, room
+    if cache is not None and cache.static and cache.max_len > c.max_len:
+        raise ValueError(f"a static cache of {cache.max_len} slots is longer than the "
+                         f"model's max_len {c.max_len}: make it with make_cache")
     past = 0 if cache is None or cache_position is not None else len(cache)
     _check_length(T, c.max_len, past)
     if positions is not None:
         _check_model_positions(positions, B, T)
-    _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read
+    if reading_values():  # (not under a tracer, nor inside generate's loop)
+        _check_ranges(ids, vocab_size, name, positions, c.max_len)  # one read
     slots = cache_position is not None  # (its masks are used as they are; without
     if slots and attention_mask is not None and full_attention_mask is not None:
         raise ValueError("give attention_mask (real tokens) or full_attention_mask, "

@@ -18,7 +18,7 @@ from .checkpoints import (
 from .checks import (
     check_flag, check_float_dtype, check_int, check_module, check_positive_int)
 from .embeddings import pad_ids
-from .generation import generate
+from .generation import GenerationCache, generate
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
 
 # %% auto #0
@@ -487,10 +487,13 @@ class Pretrained:
     unused: dict[str, str]  # source tensors not needed by our model -> why
     source: str  # where the weights came from
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    decoding: GenerationCache = field(  # kept from reply to reply (a chat's turns)
+        default_factory=GenerationCache, init=False, repr=False, compare=False)
 
     def to(self, device: str | torch.device | None) -> Pretrained:
         "The model moved to `device` (None: left where it is); returns self."
         if device is not None:
+            self.decoding.free()  # (made again on the device by the next reply)
             self.model.to(device)
         return self
 
@@ -516,7 +519,7 @@ class Pretrained:
         ids = generate(model, [prompt], max(0, min(max_new_tokens, room)),
                        temperature=temperature, top_k=top_k, top_p=top_p,
                        stop_token=tok.end_ids, generator=generator,
-                       compile=compile, callback=pieces.add)[0]
+                       compile=compile, callback=pieces.add, cache=self.decoding)[0]
         pieces.add(ids[len(pieces.ids):], last=True)  # the rest (or, unstreamed, all)
         self.stats = {"prompt_tokens": len(prompt), "new_tokens": len(ids),
                       "prompt_seconds": pieces.first - pieces.start,
@@ -597,11 +600,7 @@ def _safetensors(folder: Path):
 
 def _strip(keys, prefixes: tuple[str, ...]) -> dict[str, str]:
     "Short name -> stored name, without the task wrapper's prefix (`model.`, ...)."
-    out = {}
-    for k in keys:
-        short = next((k[len(p):] for p in prefixes if k.startswith(p)), k)
-        out[short] = k
-    return out
+    return {next((k[len(p):] for p in prefixes if k.startswith(p)), k): k for k in keys}
 
 
 def _read_config(folder: Path, max_len) -> tuple[dict, str]:

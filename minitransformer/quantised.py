@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoints import expected_layout
+from .checkpoints import expected_layout, register_wrapped
 from .checks import (
     check_choice, check_float_dtype, check_module, compiling)
 from .embeddings import TokenEmbedding
@@ -246,6 +246,7 @@ def _lookup(weight, ids: torch.Tensor) -> torch.Tensor:
     return rows.reshape(*ids.shape, weight.shape[1])
 
 # %% ../nbs/18_quantised.ipynb #d021660a
+@register_wrapped  # (checkpoints store and rebuild it: appendix C)
 class QuantisedWeight(torch.Tensor):
     """A weight `(O, C)` kept as blocks of integer codes q, each block with a float
     scale d (q4_1: and an offset m): weight = d·q + m. Kinds: llama.cpp's "q8_0"

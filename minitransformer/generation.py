@@ -232,7 +232,7 @@ class GenerationCache:
     cache that another thread is decoding with. `free()` lets the memory go; a copy or
     a pickle of it is a fresh, empty one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.kv: DecoderCache | None = None  # the model's caches (make_cache)
         self.ids: torch.Tensor | None = None  # (B, 1): the step's input, the newest ids
         self.positions: torch.Tensor | None = None  # (B, 1): their positions
@@ -313,8 +313,8 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         held._busy.release()
 
 
-def _decode(model, rows, src_rows, max_new_tokens: int, backend, stops, held,
-            sampling: tuple, callback) -> list[list[int]]:
+def _decode(model: GPT | Transformer, rows, src_rows, max_new_tokens: int, backend,
+            stops, held, sampling: tuple, callback) -> list[list[int]]:
     "`generate`'s loop, on checked arguments (`held`: None without a KV cache)."
     encdec, pad = isinstance(model, Transformer), model.config.pad_id
     B, P, device = len(rows), max(map(len, rows)), next(model.parameters()).device
@@ -447,7 +447,8 @@ def _compiled_step(backend: str, greedy: bool):
     hit = tuple(getattr(exc, name) for name in (
         "FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, name))
 
-    eager, said = _greedy_step if greedy else _step, []
+    eager = _greedy_step if greedy else _step
+    said: list[None] = []  # (the warning, once)
 
     def step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
         try:

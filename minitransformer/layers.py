@@ -197,9 +197,6 @@ class DecoderLayer(_Sublayers):
         steps: list[tuple] = [(self.attn_norm, self.self_attn, (), attend)]
         if self.cross_attn is not None:  # over memory, or the cache filled from it
             context = memory if memory is not None else cross_cache
-            if context is None:  # (else the attention would attend to x itself)
-                raise ValueError("a decoder layer with cross-attention needs the "
-                                 "encoder output `memory` or a filled cross_cache")
             steps.append((self.cross_norm, self.cross_attn, (context,),
                           dict(mask=memory_mask)))
         return self._residual(x, *steps, (self.ff_norm, self.ff, (), {}))

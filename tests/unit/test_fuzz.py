@@ -77,6 +77,13 @@ EXEMPT = {
                             "generate's and train's compile= (tests/unit/test_generation.py)",
     "checks.autocast_on": "reads torch's autocast state for a device type; exercised by "
                         "checks.check_dtype and the chapter notebooks",
+    "checks.values_checked": "takes no arguments: a context in which value checks skip "
+                             "themselves (tests/unit/test_generation.py counts the reads)",
+    "checks.reading_values": "takes no arguments: whether value checks run (appendix D's cells)",
+    "checkpoints.register_wrapped": "registers a tensor subclass; its round trip through a "
+                                    "checkpoint is tested in tests/unit/test_quantised.py",
+    "generation.GenerationCache": "takes no arguments; generate's cache= is checked and the "
+                                  "cache's reuse tested in tests/unit/test_generation.py",
     **{f"exercises.{name}": "runs a reader's function on its own cases; right and wrong "
        "answers for each checker are in tests/unit/test_exercises.py" for name in (
         "ExerciseError", "check_softmax", "check_embedding", "check_projections",

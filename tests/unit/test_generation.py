@@ -15,7 +15,6 @@ from torch.overrides import TorchFunctionMode
 from minitransformer import generation
 from minitransformer.generation import GenerationCache, generate, read_bandwidth, sample_next
 from minitransformer.kv_cache import DecoderCache
-from minitransformer.layers import DecoderLayer, LayerConfig
 from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 
 from helpers import (
@@ -467,12 +466,6 @@ def test_a_static_cache_longer_than_max_len_is_refused():
     cache = DecoderCache.for_decoder(model.decoder, 1, 32, static=True)  # 32 > 16
     with pytest.raises(ValueError, match="longer than the model's max_len 16"):
         model(torch.tensor([[1]]), cache=cache, cache_position=torch.tensor([20]))
-
-
-def test_cross_attention_with_nothing_to_attend_to_is_refused():
-    layer = DecoderLayer(LayerConfig(d_model=8, n_heads=2), cross_attention=True)
-    with pytest.raises(ValueError, match="encoder output `memory`"):
-        layer(torch.randn(1, 3, 8))
 
 
 def test_past_the_compile_limit_the_step_runs_eagerly_with_one_warning(monkeypatch):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import statistics
-import threading
 import time
 import warnings
 from typing import Any
@@ -229,15 +228,15 @@ class GenerationCache:
     size, dtype and device match the last call's resets them and writes into the same
     memory (the fixed addresses a CUDA graph replays on); any other call makes them
     anew (after `model.to(...)`, say). One decoding at a time: `generate` refuses a
-    cache that another thread is decoding with. `free()` lets the memory go; a copy or
-    a pickle of it is a fresh, empty one."""
+    cache that is decoding already (from a callback, or another thread). `free()` lets
+    the memory go; a copy or a pickle of it is a fresh, empty one."""
 
     def __init__(self) -> None:
         self.kv: DecoderCache | None = None  # the model's caches (make_cache)
         self.ids: torch.Tensor | None = None  # (B, 1): the step's input, the newest ids
         self.positions: torch.Tensor | None = None  # (B, 1): their positions
         self.slot: torch.Tensor | None = None  # (1,): the static cache's write slot
-        self._busy = threading.Lock()  # held while a generate decodes with it
+        self.decoding = False  # True while a generate decodes with it
 
     def free(self) -> None:
         "Let the memory go (the next call makes it again)."
@@ -260,7 +259,7 @@ class GenerationCache:
         self.slot = self.ids.new_zeros(1)
         return kv
 
-    def __reduce__(self):  # (copy, deepcopy, pickle: an empty cache, no lock)
+    def __reduce__(self):  # (copy, deepcopy, pickle: an empty cache, not the buffers)
         return (GenerationCache, ())
 
     def __repr__(self) -> str:
@@ -301,16 +300,18 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
         model, prompts, max_new_tokens, source, temperature, top_k, top_p, stop_token,
         generator, use_cache, compile, callback, cache)
     held = GenerationCache() if cache is None else cache
-    if not held._busy.acquire(blocking=False):
-        raise RuntimeError("this GenerationCache is decoding in another generate call "
-                           "(another thread): one decoding per cache at a time")
+    if held.decoding:
+        raise RuntimeError("this GenerationCache is decoding in another generate "
+                           "call (a callback's, or another thread's): one decoding "
+                           "per cache at a time")
+    held.decoding = True
     try:  # (the prompts are checked; every later id is one the model drew)
         with values_checked():
             return _decode(model, rows, src_rows, max_new_tokens, backend, stops,
                            held if use_cache else None,
                            (float(temperature), top_k, top_p, generator), callback)
     finally:
-        held._busy.release()
+        held.decoding = False
 
 
 def _decode(model: GPT | Transformer, rows, src_rows, max_new_tokens: int, backend,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minitransformer.checks import (
@@ -114,24 +115,12 @@ def _check_layer_config(cfg) -> None:
 
 # %% ../nbs/09_layers.ipynb #f67e0a18
 class _Sublayers(nn.Module):
-    "Shared wiring: residual + norm around each sublayer, pre- or post-norm."
+    "What both layers share: their config, and the attention they build from it."
 
     def __init__(self, cfg: LayerConfig):
         super().__init__()
         _check_layer_config(cfg)
         self.cfg = cfg
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def _residual(self, x: torch.Tensor, *steps: tuple) -> torch.Tensor:
-        """x through each step `(norm, sublayer, args, kwargs)` in turn, inside a
-        residual connection: x + F(norm(x)) (pre-norm) or norm(x + F(x)) (post-norm),
-        F's output dropped out while training (at p = 0 or in eval: nothing to do)."""
-        pre, drop = self.cfg.norm_first, self.training and self.cfg.dropout
-        for norm, sublayer, args, kwargs in steps:
-            h = sublayer(norm(x) if pre else x, *args, **kwargs)
-            h = self.drop(h) if drop else h
-            x = x + h if pre else norm(x + h)
-        return x
 
     def _attention(self, rotary: nn.Module | None = None) -> MultiHeadAttention:
         c = self.cfg
@@ -155,9 +144,16 @@ class EncoderLayer(_Sublayers):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 positions=None) -> torch.Tensor:
-        attend = dict(mask=mask, positions=positions)
-        return self._residual(x, (self.attn_norm, self.self_attn, (), attend),
-                              (self.ff_norm, self.ff, (), {}))
+        attn, at = self.self_attn, dict(mask=mask, positions=positions)
+        p = self.cfg.dropout if self.training else 0.0  # on F's output (p = 0: F's)
+        if self.cfg.norm_first:  # pre-norm: x + F(norm(x))
+            x = x + F.dropout(attn(self.attn_norm(x), **at), p)
+            x = x + F.dropout(self.ff(self.ff_norm(x)), p)
+            return x
+        # post-norm: norm(x + F(x))
+        x = self.attn_norm(x + F.dropout(attn(x, **at), p))
+        return self.ff_norm(x + F.dropout(self.ff(x), p))
+
 
 # %% ../nbs/09_layers.ipynb #f1cab049
 class DecoderLayer(_Sublayers):
@@ -194,12 +190,21 @@ class DecoderLayer(_Sublayers):
                 ) -> torch.Tensor:
         attend = dict(mask=mask, positions=positions, cache=self_cache,
                       is_causal=is_causal, cache_position=cache_position)
-        steps: list[tuple] = [(self.attn_norm, self.self_attn, (), attend)]
-        if self.cross_attn is not None:  # over memory, or the cache filled from it
-            context = memory if memory is not None else cross_cache
-            steps.append((self.cross_norm, self.cross_attn, (context,),
-                          dict(mask=memory_mask)))
-        return self._residual(x, *steps, (self.ff_norm, self.ff, (), {}))
+        context = memory if memory is not None else cross_cache  # (cross-attention's)
+        cross, cross_norm = self.cross_attn, self.cross_norm  # (both or neither)
+        p = self.cfg.dropout if self.training else 0.0  # on F's output (p = 0: F's)
+        if self.cfg.norm_first:  # pre-norm: x + F(norm(x)), two or three times
+            x = x + F.dropout(self.self_attn(self.attn_norm(x), **attend), p)
+            if cross is not None and cross_norm is not None:
+                x = x + F.dropout(cross(cross_norm(x), context, mask=memory_mask), p)
+            x = x + F.dropout(self.ff(self.ff_norm(x)), p)
+            return x
+        # post-norm: norm(x + F(x))
+        x = self.attn_norm(x + F.dropout(self.self_attn(x, **attend), p))
+        if cross is not None and cross_norm is not None:
+            x = cross_norm(x + F.dropout(cross(x, context, mask=memory_mask), p))
+        return self.ff_norm(x + F.dropout(self.ff(x), p))
+
 
 # %% ../nbs/09_layers.ipynb #54f758cb
 def _stack_positions(rotary, positions, past: int, x: torch.Tensor):

@@ -87,3 +87,62 @@ def test_rms_norm_under_torch_func():
     torch.testing.assert_close(torch.func.grad(lambda x: norm(x).sum())(x),
                                torch.func.grad(plain)(x))
     torch.testing.assert_close(torch.func.vmap(norm)(x[:, None]), norm(x)[:, None])
+
+
+def _forward_source(cls) -> "ast.FunctionDef":
+    import ast
+    import inspect
+    import textwrap
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    return tree.body[0]
+
+
+@pytest.mark.parametrize("cls", ["EncoderLayer", "DecoderLayer"])
+def test_a_pre_norm_layer_reads_like_its_residual_equations(cls):
+    """In the pre-norm branch each sublayer is one `x = x + <call>` line and no helper
+    does the wrapping: what a reader sees is what runs."""
+    import ast
+    from minitransformer import layers
+    forward = _forward_source(getattr(layers, cls))
+    branch = next(s for s in forward.body if isinstance(s, ast.If)
+                  and "norm_first" in ast.unparse(s.test))
+    lines = [s for s in ast.walk(ast.Module(branch.body, [])) if isinstance(s, ast.Assign)]
+    wanted = 2 if cls == "EncoderLayer" else 3  # (attention, [cross-attention,] FFN)
+    assert len(lines) == wanted, [ast.unparse(s) for s in lines]
+    for line in lines:
+        assert ast.unparse(line.targets[0]) == "x", ast.unparse(line)
+        value = line.value
+        assert isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)
+        assert ast.unparse(value.left) == "x" and isinstance(value.right, ast.Call)
+    called = {ast.unparse(n.func) for n in ast.walk(forward) if isinstance(n, ast.Call)}
+    assert not [name for name in called if "residual" in name], called
+
+
+@pytest.mark.parametrize("step", ["prompt", "cached token"])
+def test_gpt_forward_reaches_attention_in_at_most_four_hops(step, monkeypatch):
+    """From `GPT.forward` to PyTorch's attention kernel, at most four frames of the
+    package in between (nanoGPT: two): the stack is walked at the kernel."""
+    import traceback
+    from minitransformer import attention
+    model = GPT(GPTConfig(vocab_size=20, max_len=16, d_model=16, n_heads=2,
+                          n_layers=1)).eval()
+    kernel, stacks = attention.F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        frames = [f.name for f in traceback.extract_stack()[:-1]
+                  if "/minitransformer/" in f.filename.replace("\\", "/")]
+        stacks.append(frames[frames.index("forward"):])  # (from the model's forward)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    ids = torch.tensor([[1, 2, 3]])
+    if step == "prompt":
+        model(ids)
+    else:
+        cache = model.make_cache(1)
+        model(ids, cache=cache)
+        stacks.clear()
+        model(torch.tensor([[4]]), cache=cache)
+    assert stacks, "the kernel was not reached"
+    hops = len(stacks[0]) - 1  # (the frames after GPT.forward)
+    assert hops <= 4, stacks[0]

@@ -106,7 +106,10 @@ class LearnedPositions(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding for queries and keys `(..., T, D)`: pair i of the
     vector at position m is rotated by m·θ_i, θ_i = base^(-2i/D). Pairs are neighbours
-    (`interleaved=True`) or the two halves (x_i, x_{i+D/2})."""
+    (`interleaved=True`) or the two halves (x_i, x_{i+D/2}). The cos and sin of every
+    angle below `max_len` are tabulated once, as float32 buffers that are not saved."""
+    cos: torch.Tensor  # (max_len, D): cos m·θ_i under both numbers of pair i
+    sin: torch.Tensor  # (max_len, D)
 
     def __init__(self,
                  head_dim: int,  # D, the width of one head's queries and keys; even
@@ -117,19 +120,28 @@ class RotaryEmbedding(nn.Module):
         _check_rotary_args(head_dim, max_len, base, interleaved)  # D even, ...
         self.head_dim, self.max_len = head_dim, max_len
         self.base, self.interleaved = base, interleaved
+        pos = torch.arange(max_len, dtype=torch.float64, device="cpu")  # (exact)
+        i2 = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
+        angles = pos[:, None] * base ** (-i2 / head_dim)  # (max_len, D/2): m·θ_i
+        pair = -1 if interleaved else -2  # neighbours, or the two halves
+        angles = torch.stack([angles, angles], pair).flatten(-2)  # (max_len, D)
+        device = torch.empty(0).device  # the default device; on meta (a model built
+        device = torch.device("cpu") if device.type == "meta" else device  # to load)
+        for name, table in (("cos", angles.cos()), ("sin", angles.sin())):
+            self.register_buffer(name, table.float().to(device), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        "With its model's `.to()`/`.cuda()`: the tables move, and stay float32."
+        device = fn(torch.zeros((), device="cpu")).device  # where fn sends a tensor
+        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        return self
 
     def angles(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every pair's angle m·θ_i, under both numbers of the pair:
-        two tables `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)`, computed
-        in float64, rounded to float32, then to `dtype` (that of the queries: as HF)."""
-        exact = _angle_dtype(positions.device)  # float64 (where there is one)
-        i2 = torch.arange(0, self.head_dim, 2, dtype=exact, device=positions.device)
-        theta = self.base ** (-i2 / self.head_dim)  # (D/2,): 2i = 0, 2, ..., D-2
-        angles = positions.to(exact)[..., None] * theta  # (..., T, D/2)
-        pair = -1 if self.interleaved else -2  # neighbours, or the two halves
-        angles = torch.stack([angles, angles], pair).flatten(-2)  # (..., T, D)
-        return angles.cos().float().to(dtype), angles.sin().float().to(dtype)
+        `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)` below `max_len`: rows
+        of the tables (float64 rounded to float32), in `dtype` (the queries': as HF)."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
     def rotate(self, x: torch.Tensor,
                angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -525,10 +525,11 @@ def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of `model`'s parameters and buffers, each storage counted once (a tensor
-    made of tensors, such as a `QuantisedWeight`: the bytes of those)."""
+    """Bytes of the tensors `model`'s state dict holds (not tables it makes again, such
+    as rotary's), each storage counted once (a tensor made of tensors, such as a
+    `QuantisedWeight`: the bytes of those)."""
     check_module(model)
-    storages, tensors = {}, list(model.parameters()) + list(model.buffers())
+    storages, tensors = {}, list(model.state_dict(keep_vars=True).values())
     while tensors:
         t = tensors.pop()
         if hasattr(t, "__tensor_flatten__"):  # a wrapper: count what it holds

@@ -68,3 +68,32 @@ def test_rotary_passes_gradcheck_in_float64(interleaved):
     assert rotate(x).dtype == torch.float64
     assert torch.autograd.gradcheck(rotate, (x,))
     assert torch.autograd.gradgradcheck(rotate, (x,))
+
+
+def test_rotary_tables_are_made_once_stay_float32_and_are_not_saved():
+    """The cos and sin tables are made when the module is built (on the CPU when it is
+    built on meta, to be loaded), move with `.to()`, keep float32 through a cast, and
+    are not in the state dict; a forward reads rows of them and computes no cosine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from minitransformer.model import GPT, GPTConfig
+    rope = RotaryEmbedding(8, max_len=32)
+    assert rope.cos.shape == rope.sin.shape == (32, 8) and rope.state_dict() == {}
+    cos = rope.cos.clone()
+    assert rope.double().cos.dtype == torch.float32 and torch.equal(rope.cos, cos)
+    assert rope.to(torch.bfloat16).sin.dtype == torch.float32
+    with torch.device("meta"):
+        built = RotaryEmbedding(8, max_len=32)
+    assert built.cos.device.type == "cpu" and torch.equal(built.cos, cos)
+    assert built.to("meta").cos.is_meta  # (follows its model, wherever it goes)
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = GPT(GPTConfig(vocab_size=20, max_len=16, d_model=16, n_heads=2, n_layers=2,
+                          position_encoding="rotary")).eval()
+    seen: set = set()
+    with Ops(), torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))
+    assert not seen & {"cos", "sin", "pow"}, sorted(seen)

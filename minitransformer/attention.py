@@ -142,7 +142,8 @@ def attend(q, k, v, mask=None, dropout_p: float = 0.0, scale=None,
             enable_gqa: bool = False, is_causal: bool = False) -> torch.Tensor:
     """`scaled_dot_product_attention` without its checks: what the modules call, with
     arguments they have built. The one place where a query that may see no key gets
-    zeros, whichever kernel ran (some give NaN for such a row)."""
+    zeros, whichever kernel ran and whatever the inputs (the CPU kernels give zeros
+    there for finite inputs, NaN when a blocked value is NaN: a test pins both)."""
     causal = False  # (without a scale, the kernel's default is 1/sqrt(D), as ours)
     if is_causal or not q.shape[-1] or (mask is not None and mask.dim() < 2):
         scale, mask, causal = _prepare(q, k, mask, scale, is_causal, fused=True)

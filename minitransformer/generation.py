@@ -64,17 +64,21 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
                 top_p: float | None = None,  # the fewest tokens whose mass reaches p
                 generator: torch.Generator | None = None,  # for reproducible sampling
                 ) -> torch.Tensor:  # (B,) token ids
-    """Each row's next token: the argmax if `temperature == 0`, else a filtered draw.
-    Every row needs a finite largest score (NaN, +inf or all -inf raise)."""
+    """Each row's next token: the argmax if `temperature == 0`, else a filtered draw
+    (the exponential race, its noise drawn from `generator`). Every row needs a
+    finite largest score (NaN, +inf or all -inf raise)."""
     temperature = _check_sample_next(logits, temperature, top_k, top_p, generator)
-    nxt = _sample(logits, temperature, top_k, top_p, generator)
+    noise = None if temperature == 0 else torch.empty(  # one Exp(1) draw per score
+        logits.shape, device=logits.device).exponential_(generator=generator)
+    nxt = _sample(logits, temperature, top_k, top_p, noise)
     if not tracing() and bool((nxt < 0).any()):  # one small transfer (appendix D)
         _raise_not_finite()  # a row without a finite largest score drew -1
     return nxt
 
 
-def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor:
-    "`sample_next`'s tokens `(B,)`, with -1 in a row whose top score is not finite."
+def _sample(logits, temperature: float, top_k, top_p, noise) -> torch.Tensor:
+    """`sample_next`'s tokens `(B,)`, with -1 in a row whose top score is not finite;
+    `noise`: `(B, V)` draws of Exp(1), made outside (None when greedy)."""
     if temperature == 0:
         nxt = logits.argmax(-1)  # (NaN counts as the largest: it is caught below)
         top = logits.gather(-1, nxt[:, None])  # (B, 1)
@@ -90,7 +94,9 @@ def _sample(logits, temperature: float, top_k, top_p, generator) -> torch.Tensor
     if top_p is not None and top_p < 1.0:
         logits = _nucleus(logits, top_p)
     probs = logits.softmax(-1)  # (B, V)
-    nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # the exponential race: noise_i / probs_i is an Exp(probs_i) waiting time, and
+    # the first of them to end is token i's with probability probs_i
+    nxt = (probs / noise).argmax(-1)  # (a token of probability 0 never wins)
     return torch.where(finite[:, 0], nxt, -1)
 
 
@@ -293,7 +299,8 @@ def generate(model: GPT | Transformer,  # a decoder-only or an encoder–decoder
     `GenerationCache`), on the model's device, advanced there: nothing is read back
     but the tokens (once at the end, or once a step with a stop token or a callback).
     `compile` runs the one-token steps through `torch.compile` (`_compiled_step`),
-    one graph a step (greedy: the choice of the token included), over a static cache
+    one graph a step, the choice of the token included (sampling too: its noise is
+    drawn from `generator` on the device before each step), over a static cache
     sized in powers of two (or `max_len`), so that calls of other lengths reuse the
     compiled code and, with one `cache`, its memory."""
     rows, src_rows, max_new_tokens, backend, stops = _check_generate(
@@ -334,9 +341,13 @@ def _decode(model: GPT | Transformer, rows, src_rows, max_new_tokens: int, backe
     if static:  # the mask covers every slot; those past the call's are not real
         real = torch.cat([real, real.new_zeros(B, max(slots - total, 0))], 1)
     slot_real = real[:, :slots]  # (B, slots): a view (the last token is never fed)
-    greedy = sampling[0] == 0.0  # compiled: the argmax is part of the step
+    temperature, top_k, top_p, generator = sampling
+    cfg: Any = model.config  # (a GPTConfig or a TransformerConfig)
+    V = cfg.tgt_vocab_size if encdec else cfg.vocab_size  # the scores of a step
+    noise = None if temperature == 0 else torch.empty(B, V, device=device)  # the race's
+    choice = (temperature, top_k, top_p, noise)  # how every step picks its tokens
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
-    step = _step if backend is None else _compiled_step(backend, greedy)
+    step = _choosing_step if backend is None else _compiled_step(backend)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
     if kv is not None and total > P:  # the first new token's positions, and its slot
         held.positions.copy_(positions[:, P:P + 1])
@@ -356,9 +367,10 @@ def _decode(model: GPT | Transformer, rows, src_rows, max_new_tokens: int, backe
             if padded or (static and encdec):
                 kw["attention_mask"] = slot_real if static else real[:, :t]
         mem = memory if kv is None else None  # (a cache holds the encoder's keys)
-        logits = (step if one else _step)(model, x, mem, source_mask, kw)
-        nxt = (logits if one and static and greedy  # (B,): the step chose them
-               else _sample(logits, *sampling))  # -1 where the logits are not finite
+        if noise is not None:  # this step's draws, on the device, from the generator
+            noise.exponential_(generator=generator)
+        nxt = (step if one else _choosing_step)(  # (B,), -1 where the logits are not
+            model, x, mem, source_mask, kw, choice)  # finite
         if kv is None:
             ids[:, t] = nxt.clamp(min=0)
         else:  # the next step's input, position and slot, advanced on the device
@@ -396,6 +408,13 @@ def _step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
     return model(ids, last_only=True, **kw)[:, -1]  # (forward hooks run: a call)
 
 
+def _choosing_step(model, ids, memory, source_mask, kw: dict,
+                   choice: tuple) -> torch.Tensor:
+    """`_step` and the choice of each row's next token `(B,)` (-1: not finite), by
+    `choice`: `_sample`'s (temperature, top_k, top_p, noise)."""
+    return _sample(_step(model, ids, memory, source_mask, kw), *choice)
+
+
 # %% ../nbs/12_generation.ipynb #0a3b14db
 def read_bandwidth(n_bytes: int = 2**30,  # how much memory to read: 1 GiB
                    repeats: int = 9,  # timed reads; the median counts
@@ -424,22 +443,18 @@ _INDUCTOR_OPTIONS: dict[str, Any] = {
     "post_grad_fusion_options": {"decompose_mm_pass": {}}, "triton.cudagraphs": True}
 
 
-def _greedy_step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
-    "`_step` and the greedy choice: each row's next token `(B,)` (-1: not finite)."
-    return _sample(_step(model, ids, memory, source_mask, kw), 0.0, None, None, None)
-
-
 @functools.cache
-def _compiled_step(backend: str, greedy: bool):
-    """`_step` (or `_greedy_step`) through `torch.compile` with `backend`, as one graph:
-    every shape static, the cache's write slot a tensor. Its output is copied: a CUDA
+def _compiled_step(backend: str):
+    """`_choosing_step` through `torch.compile` with `backend`, as one graph: every
+    shape static, the cache's write slot a tensor, the sampling noise an input (the
+    filters and the race inside). Its output is copied: a CUDA
     graph's outputs are overwritten by its next replay (the caches are the graph's
     own: module buffers, which the compiler takes as fixed addresses, and a
     `GenerationCache` keeps them from call to call). Past the compile limit, a step
     with no graph runs eagerly, with one warning."""
     options = _INDUCTOR_OPTIONS if backend == "inductor" else None
-    compiled = torch.compile(_greedy_step if greedy else _step, backend=backend,
-                             fullgraph=True, dynamic=False, options=options)
+    compiled = torch.compile(_choosing_step, backend=backend, fullgraph=True,
+                             dynamic=False, options=options)
     cfg, exc = torch._dynamo.config, torch._dynamo.exc  # (older torch: "cache" names)
     limits = {k: v for k, v in dict(
         recompile_limit=_RECOMPILE_LIMIT, cache_size_limit=_RECOMPILE_LIMIT,
@@ -448,13 +463,12 @@ def _compiled_step(backend: str, greedy: bool):
     hit = tuple(getattr(exc, name) for name in (
         "FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, name))
 
-    eager = _greedy_step if greedy else _step
     said: list[None] = []  # (the warning, once)
 
-    def step(model, ids, memory, source_mask, kw: dict) -> torch.Tensor:
+    def step(model, ids, memory, source_mask, kw: dict, choice: tuple) -> torch.Tensor:
         try:
             with cfg.patch(limits):  # (never silently eager)
-                return compiled(model, ids, memory, source_mask, kw).clone()
+                return compiled(model, ids, memory, source_mask, kw, choice).clone()
         except hit:  # past the limit: this step eagerly, and the user told once
             if not said:
                 said.append(warnings.warn(
@@ -463,7 +477,7 @@ def _compiled_step(backend: str, greedy: bool):
                     "(one per model configuration, batch size or cache size), its "
                     "limit; steps it has no graph for now run eagerly "
                     "(torch._dynamo.reset() starts afresh)", stacklevel=3))
-            return eager(model, ids, memory, source_mask, kw)
+            return _choosing_step(model, ids, memory, source_mask, kw, choice)
         except exc.Unsupported as e:  # fullgraph: a break is an error, not a slow step
             raise RuntimeError(
                 f"compile={backend!r}: the step cannot be compiled as one graph "

@@ -165,3 +165,28 @@ def test_our_is_causal_is_bottom_right_and_torchs_is_top_left():
     theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(theirs, scaled_dot_product_attention(q, k, v, top_left))
     assert not torch.allclose(ours, theirs), "with T < S the two alignments differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_what_the_cpu_kernels_return_for_a_query_that_may_see_nothing(dtype):
+    """PyTorch's CPU kernels (math and flash) give a fully masked query zeros when the
+    inputs are finite, but NaN when a blocked key or value is NaN; so `attend` keeps
+    its zeroing, which makes the row zeros whatever the inputs, on every backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from minitransformer.attention import attend
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=g, dtype=dtype) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5, generator=g) > 0.4
+    mask[..., 0, :] = False  # query 0 of every sequence may see nothing
+    v_nan = v.clone()
+    v_nan[..., 1, :] = float("nan")  # a blocked value
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel([backend]):
+            finite = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask)
+            poisoned = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v_nan, attn_mask=mask)
+            ours = attend(q, k, v_nan, mask)
+        assert torch.equal(finite[..., 0, :], torch.zeros_like(finite[..., 0, :]))
+        assert poisoned[..., 0, :].isnan().all(), backend  # (if this changes: measure)
+        assert torch.equal(ours[..., 0, :], torch.zeros_like(ours[..., 0, :]))

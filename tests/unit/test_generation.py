@@ -83,6 +83,12 @@ def test_compiled_generation_writes_the_eager_tokens_in_one_graph():
     assert all("forward" not in vars(m) for m in model.modules())  # nothing assigned
 
 
+def _greedy(model, ids, memory, source_mask, kw):
+    "The compiled step, choosing greedily."
+    return generation._choosing_step(model, ids, memory, source_mask, kw,
+                                     (0.0, None, None, None))
+
+
 def test_the_compiled_step_is_one_flat_graph_writing_at_a_device_slot():
     """No nested region, no guard on the cache's length: the step at another slot reuses the
     graph, each layer writes its keys and values by one index_copy_ each, and the host
@@ -91,7 +97,7 @@ def test_the_compiled_step_is_one_flat_graph_writing_at_a_device_slot():
     model = small_gpt(**dict(RECIPE, n_kv_heads=2), n_layers=3)
     backend = CompileCounterWithBackend("eager")
     cache = model.make_cache(1, 12, static=True)
-    step = torch.compile(generation._greedy_step, backend=backend, dynamic=False,
+    step = torch.compile(_greedy, backend=backend, dynamic=False,
                          fullgraph=True)  # (fullgraph: raises at a graph break)
     real = torch.zeros(1, 12, dtype=torch.bool)
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
@@ -125,8 +131,7 @@ def _traced_step(n_layers: int):
     model = small_gpt(**dict(RECIPE, n_kv_heads=2), n_layers=n_layers)
     backend = CompileCounterWithBackend("eager")
     cache = model.make_cache(1, 8, static=True)
-    step = torch.compile(generation._greedy_step, backend=backend, dynamic=False,
-                         fullgraph=True)
+    step = torch.compile(_greedy, backend=backend, dynamic=False, fullgraph=True)
     kw = dict(positions=torch.tensor([[2]]), cache=cache, cache_position=torch.tensor([2]),
               attention_mask=torch.ones(1, 8, dtype=torch.bool))
     with torch.no_grad():
@@ -484,3 +489,48 @@ def test_past_the_compile_limit_the_step_runs_eagerly_with_one_warning(monkeypat
     finally:
         generation._compiled_step.cache_clear()
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("compile", ["eager", True], ids=["traced", "inductor"])
+def test_compiled_sampling_draws_the_eager_tokens_for_a_seed(compile):
+    """Temperature, top-k and top-p run inside the compiled step, on noise drawn from the
+    user's generator before it: the tokens eager sampling draws from the same seed."""
+    model = small_gpt(**RECIPE)
+    prompts = [[1, 2, 3], [4, 5]]
+
+    def run(how, seed=5):
+        return generate(model, prompts, 16, temperature=0.9, top_k=20, top_p=0.9,
+                        compile=how, generator=torch.Generator().manual_seed(seed))
+
+    eager = run(False)
+    assert run(compile) == eager and run(compile, seed=6) == run(False, seed=6)
+    assert eager != run(False, seed=6)  # (the seed matters: not a greedy run)
+
+
+def _op_names(graph) -> set:
+    "The names of the calls in a traced graph (functions, methods, operators)."
+    return {n.target if isinstance(n.target, str) else
+            getattr(n.target, "__name__", str(n.target)).strip("_").split(".")[-1]
+            for n in graph.nodes if n.op in ("call_function", "call_method")}
+
+
+def test_the_sampled_step_holds_the_filters_and_the_race_and_draws_nothing():
+    """The compiled step's graph divides by the temperature, filters (top-k, top-p),
+    turns scores into probabilities and runs the race on the noise it is given: no
+    random draw inside, and no multinomial (a host synchronisation on CUDA)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    model, backend = small_gpt(**RECIPE), CompileCounterWithBackend("eager")
+    cache = model.make_cache(1, 8, static=True)
+    torch._dynamo.reset()  # (generate may have compiled the step with another backend)
+    step = torch.compile(generation._choosing_step, backend=backend, dynamic=False,
+                         fullgraph=True)
+    kw = dict(positions=torch.tensor([[2]]), cache=cache, cache_position=torch.tensor([2]),
+              attention_mask=torch.ones(1, 8, dtype=torch.bool))
+    noise = torch.empty(1, 40).exponential_(generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        step(model, torch.tensor([[3]]), None, None, kw, (0.8, 5, 0.9, noise))
+    names = _op_names(backend.graphs[0].graph)
+    assert {"topk", "sort", "cumsum", "softmax", "truediv", "argmax"} <= names, names
+    drawn = {"multinomial", "exponential_", "exponential", "rand", "rand_like", "randn",
+             "randint", "uniform_", "bernoulli", "normal_"}
+    assert not names & drawn, names & drawn

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
@@ -22,7 +23,8 @@ from .model import (
     TextEncoderConfig, Transformer, TransformerConfig, ViTConfig, VisionTransformer)
 
 # %% auto #0
-__all__ = ['FORMAT', 'write_safetensors', 'save_checkpoint', 'read_header', 'load_checkpoint', 'register_wrapped']
+__all__ = ['FORMAT', 'write_safetensors', 'save_checkpoint', 'read_header', 'load_checkpoint', 'register_wrapped', 'run_state',
+           'resume_run']
 
 # %% ../nbs/92_checkpoints.ipynb #b5ca59d4
 FORMAT = "minitransformer-checkpoint-3"  # the format's name and version
@@ -543,3 +545,53 @@ def read_train_state(path: Path, meta: dict, layout: dict,
                 "average": [get(f"{TRAIN_PREFIX}average/{n}") for n in averaged or []],
                 "losses": get(f"{TRAIN_PREFIX}log/losses").tolist(),
                 "lrs": get(f"{TRAIN_PREFIX}log/lrs").tolist()}
+
+# %% ../nbs/92_checkpoints.ipynb #0ba7615a
+def run_state(model: nn.Module, opt: torch.optim.Optimizer,
+              average: Any, log: Any, run: dict) -> tuple:
+    """What resuming a run of `train` needs (its `average`: a `WeightAverage` or None,
+    its `log`: a `TrainLog`), as (tensors named 'train/…', JSON-able info)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = {f"{TRAIN_PREFIX}optimizer/{names[id(p)]}/{key}": value
+               for p, state in opt.state.items() for key, value in state.items()}
+    if average is not None:
+        tensors |= {f"{TRAIN_PREFIX}average/{names[id(p)]}": a
+                    for p, a in zip(average.params, average.average)}
+    tensors[f"{TRAIN_PREFIX}rng/cpu"] = torch.get_rng_state()
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        tensors[f"{TRAIN_PREFIX}rng/cuda"] = torch.cuda.get_rng_state(device)
+    tensors[f"{TRAIN_PREFIX}log/losses"] = torch.tensor(log.losses, dtype=torch.float64)
+    tensors[f"{TRAIN_PREFIX}log/lrs"] = torch.tensor(log.lrs, dtype=torch.float64)
+    info = {"step": log.steps, "seconds": log.seconds, "skipped": log.skipped,
+            "evals": log.evals, "run": run}
+    return tensors, info
+
+
+def resume_run(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
+               average: Any, log: Any, run: dict) -> None:
+    """Restore a run saved by `run_state` into `model`, `opt`, `average` and `log`.
+    Everything is read and checked first: a file that does not fit changes nothing."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    trained = {names[id(p)]: p for group in opt.param_groups for p in group["params"]}
+    averaged = None if average is None else [names[id(p)] for p in average.params]
+    saved = read_train_state(path, *read_header(path), trained, averaged)
+    info = saved.pop("info")
+    load_checkpoint(path, model)  # the live weights (class, config, shapes checked)
+    opt.load_state_dict({"state": saved["optimizer"],  # from here nothing can fail
+                         "param_groups": opt.state_dict()["param_groups"]})
+    if average is not None:
+        for a, value in zip(average.average, saved["average"]):
+            a.copy_(value)
+    torch.set_rng_state(saved["rng"])
+    if saved["rng_cuda"] is not None:
+        device = opt.param_groups[0]["params"][0].device
+        torch.cuda.set_rng_state(saved["rng_cuda"], device)
+    log.losses, log.lrs = saved["losses"], saved["lrs"]
+    log.steps, log.seconds, log.skipped = info["step"], info["seconds"], info["skipped"]
+    log.evals = [(s, t, m) for s, t, m in info["evals"]]
+    saved_run = {"world_size": 1} | info["run"]  # no world_size: one process
+    changed = sorted(k for k in run if saved_run.get(k) != run[k])
+    if changed:
+        warnings.warn(f"resuming {path} with different {changed}: the run will not "
+                      "follow the curve of an uninterrupted one", stacklevel=3)

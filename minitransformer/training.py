@@ -8,7 +8,6 @@ import math
 import numbers
 import os
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .checkpoints import (
-    MODEL_CLASSES, TRAIN_PREFIX, check_saveable, load_checkpoint, read_header,
-    read_train_state, save_checkpoint)
+    MODEL_CLASSES, check_saveable, resume_run, run_state, save_checkpoint)
 from .checks import (
     check_backend, check_choice, check_flag, check_int, check_module, check_number,
     check_positive_int, check_probability, check_tensor, is_integer_tensor, shape_str)
@@ -202,7 +200,7 @@ def train(model: nn.Module,
     log, run = TrainLog(), _run_args(a) | {"world_size": ranks.size}
     found = a["resume"] and a["checkpoint"].exists()
     if ranks.agree(found, f"whether {a['checkpoint']} exists"):
-        _resume(a["checkpoint"], model, opt, average, log, run)
+        resume_run(a["checkpoint"], model, opt, average, log, run)
         if ranks.rank:  # rank 0's random state was saved: the others draw their own
             torch.manual_seed(int(torch.randint(2**62, ())) + ranks.rank)
     lead = ranks.rank == 0  # prints, evaluates and saves
@@ -220,7 +218,7 @@ def train(model: nn.Module,
         log.seconds, saved_at = clock(), log.steps
         with clock.paused():
             save_checkpoint(model, a["checkpoint"],
-                            *_train_state(model, opt, average, log, run))
+                            *run_state(model, opt, average, log, run))
 
     def seconds() -> float:  # rank 0's clock: the same budget on every rank
         return ranks.seconds(clock()) if a["max_seconds"] else clock()
@@ -319,55 +317,6 @@ def _check_params(params) -> list:
     for i, p in enumerate(params):
         check_tensor(p, f"params[{i}]", floating=True)
     return params
-
-# %% ../nbs/92_checkpoints.ipynb #0ba7615a
-def _train_state(model: nn.Module, opt: torch.optim.Optimizer,
-                 average: WeightAverage | None, log: TrainLog, run: dict) -> tuple:
-    "What resuming a run needs, as (tensors named 'train/…', JSON-able info)."
-    names = {id(p): n for n, p in model.named_parameters()}
-    tensors = {f"{TRAIN_PREFIX}optimizer/{names[id(p)]}/{key}": value
-               for p, state in opt.state.items() for key, value in state.items()}
-    if average is not None:
-        tensors |= {f"{TRAIN_PREFIX}average/{names[id(p)]}": a
-                    for p, a in zip(average.params, average.average)}
-    tensors[f"{TRAIN_PREFIX}rng/cpu"] = torch.get_rng_state()
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        tensors[f"{TRAIN_PREFIX}rng/cuda"] = torch.cuda.get_rng_state(device)
-    tensors[f"{TRAIN_PREFIX}log/losses"] = torch.tensor(log.losses, dtype=torch.float64)
-    tensors[f"{TRAIN_PREFIX}log/lrs"] = torch.tensor(log.lrs, dtype=torch.float64)
-    info = {"step": log.steps, "seconds": log.seconds, "skipped": log.skipped,
-            "evals": log.evals, "run": run}
-    return tensors, info
-
-
-def _resume(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
-            average: WeightAverage | None, log: TrainLog, run: dict) -> None:
-    """Restore a run saved by `_train_state` into `model`, `opt`, `average` and `log`.
-    Everything is read and checked first: a file that does not fit changes nothing."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    trained = {names[id(p)]: p for group in opt.param_groups for p in group["params"]}
-    averaged = None if average is None else [names[id(p)] for p in average.params]
-    saved = read_train_state(path, *read_header(path), trained, averaged)
-    info = saved.pop("info")
-    load_checkpoint(path, model)  # the live weights (class, config, shapes checked)
-    opt.load_state_dict({"state": saved["optimizer"],  # from here nothing can fail
-                         "param_groups": opt.state_dict()["param_groups"]})
-    if average is not None:
-        for a, value in zip(average.average, saved["average"]):
-            a.copy_(value)
-    torch.set_rng_state(saved["rng"])
-    if saved["rng_cuda"] is not None:
-        device = opt.param_groups[0]["params"][0].device
-        torch.cuda.set_rng_state(saved["rng_cuda"], device)
-    log.losses, log.lrs = saved["losses"], saved["lrs"]
-    log.steps, log.seconds, log.skipped = info["step"], info["seconds"], info["skipped"]
-    log.evals = [(s, t, m) for s, t, m in info["evals"]]
-    saved_run = {"world_size": 1} | info["run"]  # no world_size: one process
-    changed = sorted(k for k in run if saved_run.get(k) != run[k])
-    if changed:
-        warnings.warn(f"resuming {path} with different {changed}: the run will not "
-                      "follow the curve of an uninterrupted one", stacklevel=3)
 
 # %% ../nbs/92_checkpoints.ipynb #4550d5fa
 class SingleProcess:

@@ -36,7 +36,7 @@ def test_chapter_13_is_short():
 
 def test_trains_machinery_lives_in_the_appendix_and_exports_into_training():
     "Exported from the appendix into `minitransformer.training`, folded; the chapter imports it."
-    moved = ("class _Clock", "def _resume", "class SingleProcess", "def _check_train")
+    moved = ("class _Clock", "class SingleProcess", "def _check_train")
     for name in moved:
         assert not any(_exported(c) and name in _src(c) for c in _cells(CH13)), name
         (cell,) = [c for c in _cells(APPENDIX) if _exported(c) and name in _src(c)]
@@ -44,12 +44,14 @@ def test_trains_machinery_lives_in_the_appendix_and_exports_into_training():
         assert "hide-cell" in cell["metadata"].get("tags", []), name
     import minitransformer.training as training
     assert {"SingleProcess", "train", "TrainLog"} <= set(training.__all__)
+    (cell,) = [c for c in _cells(APPENDIX) if _exported(c) and "def resume_run" in _src(c)]
+    assert _src(cell).startswith("#| export\n")  # a run's state: the checkpoints' job
 
 
 def test_train_and_its_machinery_are_folded():
     "`train` is shown as the sketch plus a list of additions; its code is folded."
     for c in _cells(CH13):
-        if _exported(c) and re.search(r"^(def train\(|class SingleProcess|def _train_state|class TrainLog)",
+        if _exported(c) and re.search(r"^(def train\(|class SingleProcess|class TrainLog)",
                                       _src(c), re.M):
             tags = set(c.get("metadata", {}).get("tags", []))
             assert tags & {"hide-cell", "hide-input"}, f"not folded: {_src(c)[:60]!r}"

@@ -80,6 +80,10 @@ EXEMPT = {
     "checks.values_checked": "takes no arguments: a context in which value checks skip "
                              "themselves (tests/unit/test_generation.py counts the reads)",
     "checks.reading_values": "takes no arguments: whether value checks run (appendix D's cells)",
+    "checkpoints.run_state": "a run's optimiser, average, random state and log, as train "
+                             "saves them; its round trips in tests/unit/test_training.py",
+    "checkpoints.resume_run": "reads a run back from a file; its round trips and refusals in "
+                              "tests/unit/test_training.py",
     "checkpoints.register_wrapped": "registers a tensor subclass; its round trip through a "
                                     "checkpoint is tested in tests/unit/test_quantised.py",
     "generation.GenerationCache": "takes no arguments; generate's cache= is checked and the "

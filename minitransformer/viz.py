@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from .checks import check_module, check_tensor, shape_str
-from .multihead import MultiHeadAttention
 
 # %% auto #0
 __all__ = ['attention_heatmap', 'attention_weights']
@@ -69,7 +68,7 @@ def attention_heatmap(
     return ax
 
 # %% ../nbs/90_viz.ipynb #a356c826
-def attention_weights(model: nn.Module,  # a model with MultiHeadAttention `self_attn`s
+def attention_weights(model: nn.Module,  # a model whose `self_attn`s have weights
                       *args, **kwargs,  # what `model` is called with (no cache)
                       ) -> torch.Tensor:  # (L, B, H, T, S) every layer's weights
     """Run `model(*args, **kwargs)` once and return the weights of every self-attention
@@ -83,7 +82,8 @@ def attention_weights(model: nn.Module,  # a model with MultiHeadAttention `self
         found.append(module.forward_with_weights(*a, **kw)[1])  # (B, H, T, S)
     hooks = [m.register_forward_hook(keep, with_kwargs=True)
              for name, m in model.named_modules()
-             if isinstance(m, MultiHeadAttention) and name.endswith("self_attn")]
+             if name.endswith("self_attn")  # (chapter 5's MultiHeadAttention: read
+             and callable(getattr(m, "forward_with_weights", None))]  # by what it does)
     if not hooks:
         raise ValueError(f"model ({type(model).__name__}) has no self-attention "
                          f"layers named self_attn")

@@ -149,7 +149,6 @@ def test_chapters_use_only_earlier_chapters():
 # Appendix modules that import a chapter later than the first chapter importing them: each one
 # a known debt, with its reason; a new one fails the test below (the checkpoints circle is gone).
 APPENDIX_DEBTS = {
-    "viz": "chapter 1 draws with it; its attention maps need chapter 5's MultiHeadAttention",
     "data": "chapter 11 reads text with it; its dates task decodes with chapter 12's generate",
     "exercises": "chapter 1's checkers share a module with chapters 3-11's",
     "exercises_2": "chapter 12's checker shares a module with chapters 13-19's",

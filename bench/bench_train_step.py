@@ -1,6 +1,7 @@
 """CPU train-step cost: the book's recipe against a GPT-2-style GPT, in one process.
 
     python bench/bench_train_step.py [--rounds 15] [--steps 4] [--threads N] [--quick]
+    python bench/bench_train_step.py --angles-per-call   # + the recipe, angles computed per call
     python bench/bench_train_step.py --profile [--profile-rounds 7] [--profile-steps 2]
 
 Both are our own `GPT` at the shapes of bench/train_shakespeare.py: 4 layers,
@@ -21,6 +22,10 @@ median time per step (and the middle half of the rounds) and tokens per second
 runs the steps), and each model's compiled/eager speed-up. Medians, since on a shared
 machine some rounds stall; --threads 1 is steadier.
 
+--angles-per-call adds a third model: the recipe with its rotary angles computed from
+the positions in every call (float64 cos and sin, as `RotaryEmbedding` did before it
+kept tables), to time the tables against that, side by side.
+
 --profile instead runs torch.profiler over a few steps of each model, interleaved, and
 prints per step (medians over the rounds) the top ops by self CPU time for each, the
 ops whose time differs most between them, and the time by component (norms, rotary,
@@ -35,6 +40,7 @@ from collections import defaultdict
 import torch
 
 from minitransformer.model import GPT, GPTConfig, count_parameters
+from minitransformer.positions import RotaryEmbedding
 from minitransformer.training import sequence_loss
 
 VOCAB = 86  # the character vocabulary of bench/train_shakespeare.py (the plays)
@@ -47,6 +53,16 @@ CONFIGS = {  # name -> the GPTConfig fields beyond SHAPE
     "gpt2": dict(position_encoding="learned", activation="gelu_tanh", d_ff=512,
                  norm="layernorm", bias=True),
 }
+
+
+class PerCallAngles(RotaryEmbedding):
+    "Rotary angles computed in every call, as before the tables (for --angles-per-call)."
+
+    def angles(self, positions, dtype=torch.float32):
+        i2 = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=positions.device)
+        angles = positions.to(torch.float64)[..., None] * self.base ** (-i2 / self.head_dim)
+        angles = torch.stack([angles, angles], -1 if self.interleaved else -2).flatten(-2)
+        return angles.cos().float().to(dtype), angles.sin().float().to(dtype)
 
 
 def adamw(model: GPT) -> torch.optim.AdamW:
@@ -247,6 +263,8 @@ def main() -> None:
     ap.add_argument("--profile-rounds", type=int, default=7)
     ap.add_argument("--profile-steps", type=int, default=2, help="steps a round")
     ap.add_argument("--top", type=int, default=15, help="ops listed by --profile")
+    ap.add_argument("--angles-per-call", action="store_true",
+                    help="also the recipe with its rotary angles computed in every call")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -254,6 +272,9 @@ def main() -> None:
         a.rounds, a.steps, a.warmup = 3, 2, 2
     torch.manual_seed(0)
     models = {name: GPT(GPTConfig(**SHAPE, **kw)) for name, kw in CONFIGS.items()}
+    if a.angles_per_call:  # (one RotaryEmbedding, shared by the layers: its class swapped)
+        models["per-call"] = GPT(GPTConfig(**SHAPE, **CONFIGS["recipe"]))
+        models["per-call"].decoder.rotary.__class__ = PerCallAngles
     B, T = 16, SHAPE["max_len"]
     x, y = torch.randint(0, VOCAB, (B, T)), torch.randint(0, VOCAB, (B, T))
     print(f"torch={torch.__version__} threads={torch.get_num_threads()} float32 CPU; "
@@ -272,13 +293,15 @@ def main() -> None:
     for key in steps:  # (the compiled ones compile here)
         run_steps(steps[key], a.warmup)
     times = {key: [] for key in steps}
-    ratios = {mode: [] for mode in modes}
+    rivals = [name for name in models if name != "gpt2"]
+    ratios = {(name, mode): [] for name in rivals for mode in modes}
     for i in range(a.rounds):
         order = list(steps) if i % 2 == 0 else list(steps)[::-1]
         for key in order:
             times[key].append(run_steps(steps[key], a.steps))
-        for mode in modes:
-            ratios[mode].append(times["recipe", mode][-1] / times["gpt2", mode][-1])
+        for name in rivals:
+            for mode in modes:
+                ratios[name, mode].append(times[name, mode][-1] / times["gpt2", mode][-1])
     print(f"{a.rounds} rounds x {a.steps} steps of each, interleaved "
           f"(after {a.warmup} warm-up steps)")
     print(f"{'model':<20}{'ms/step':>9}{'middle half':>15}{'tokens/s':>10}")
@@ -286,10 +309,10 @@ def main() -> None:
         q1, med, q3 = quartiles(ts)
         print(f"{name + ', ' + mode:<20}{1e3 * med:>9.1f}"
               f"{f'{1e3 * q1:.1f}..{1e3 * q3:.1f}':>15}{B * T / med:>10,.0f}")
-    for mode in modes:
-        q1, med, q3 = quartiles(ratios[mode])
-        goal = " (goal <= 1.1)" if mode == modes[-1] else ""
-        print(f"ratio recipe/gpt2, {mode}, median of the per-round ratios: {med:.3f}"
+    for name, mode in ratios:
+        q1, med, q3 = quartiles(ratios[name, mode])
+        goal = " (goal <= 1.1)" if name == "recipe" and mode == modes[-1] else ""
+        print(f"ratio {name}/gpt2, {mode}, median of the per-round ratios: {med:.3f}"
               f"{goal}; middle half of the rounds {q1:.3f}..{q3:.3f}")
     if "compiled" in modes:
         for name in models:

@@ -480,6 +480,10 @@ def model_from_state(cls: type, config, state: dict) -> nn.Module:
         setattr(model.get_submodule(owner), leaf, model.get_parameter(target))
     left = [k for k, t in model.state_dict().items() if t.is_meta]
     assert not left, f"{cls.__name__} keeps tensors that no state dict holds: {left}"
+    device, saved = next(model.parameters()).device, model.state_dict()
+    for name, buffer in model.named_buffers():  # made by their module, not read (a
+        if name not in saved and buffer.device != device:  # rotary table): beside
+            model.get_submodule(name.rpartition(".")[0]).to(device)  # the weights
     return model
 
 # %% ../nbs/92_checkpoints.ipynb #e1d2a3f4

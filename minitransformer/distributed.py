@@ -63,7 +63,8 @@ class DDPProcesses(SingleProcess):
         nccl = _check_nccl_device(device)  # NCCL talks in CUDA tensors
         self.device = device if nccl else torch.device("cpu")
         ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        # (the buffers are tables each process makes alike: nothing to broadcast)
+        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
     def seconds(self, seconds: float) -> float:
         "Rank 0's training time, so every rank sees the same budget and learning rate."

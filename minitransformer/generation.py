@@ -76,27 +76,31 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
     return nxt
 
 
-def _sample(logits, temperature: float, top_k, top_p, noise) -> torch.Tensor:
+def _sample(logits, temperature, top_k, top_p, noise) -> torch.Tensor:
     """`sample_next`'s tokens `(B,)`, with -1 in a row whose top score is not finite;
-    `noise`: `(B, V)` draws of Exp(1), made outside (None when greedy)."""
-    if temperature == 0:
+    `noise`: `(B, V)` draws of Exp(1), made outside (None: greedy). `temperature` and
+    `top_p` may be 0-d tensors (a compiled step then serves any value of them)."""
+    if noise is None:
         nxt = logits.argmax(-1)  # (NaN counts as the largest: it is caught below)
         top = logits.gather(-1, nxt[:, None])  # (B, 1)
         return torch.where(torch.isfinite(top[:, 0]), nxt, -1)
     top = logits.amax(-1, keepdim=True)  # (B, 1)
     finite = torch.isfinite(top)  # NaN would sample garbage; such a row gets -1
     # scores <= 0 cannot overflow; a float32 divisor must not round to 0 for tiny t
-    logits = (logits.float() - top) / max(temperature, torch.finfo(torch.float32).tiny)
+    tiny = torch.finfo(torch.float32).tiny
+    divisor = temperature.clamp(min=tiny) if torch.is_tensor(temperature) else max(
+        temperature, tiny)
+    logits = (logits.float() - top) / divisor
     logits = torch.where(finite, logits, 0.0)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): k-th largest score
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
+    if top_p is not None and (torch.is_tensor(top_p) or top_p < 1.0):
         logits = _nucleus(logits, top_p)
     probs = logits.softmax(-1)  # (B, V)
     # the exponential race: noise_i / probs_i is an Exp(probs_i) waiting time, and
     # the first of them to end is token i's with probability probs_i
-    nxt = (probs / noise).argmax(-1)  # (a token of probability 0 never wins)
+    nxt = (probs / noise.clamp(min=tiny)).argmax(-1)  # (probability 0: never wins)
     return torch.where(finite[:, 0], nxt, -1)
 
 
@@ -144,7 +148,11 @@ def _check_generate(model, prompts, max_new_tokens, source, temperature, top_k, 
     if not isinstance(model, (GPT, Transformer)):
         raise TypeError(f"model must be a GPT or a Transformer, got "
                         f"{type(model).__name__}")
-    _check_sampling(temperature, top_k, top_p, generator)
+    temperature = _check_sampling(temperature, top_k, top_p, generator)
+    device = next(model.parameters()).device
+    if temperature and generator is not None and generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device}, the model on {device}: "
+                         "the draws are made on the model's device")
     check_flag(use_cache, "use_cache")
     backend = check_backend(compile)  # None: run eagerly
     if backend is not None and not use_cache:
@@ -345,7 +353,9 @@ def _decode(model: GPT | Transformer, rows, src_rows, max_new_tokens: int, backe
     cfg: Any = model.config  # (a GPTConfig or a TransformerConfig)
     V = cfg.tgt_vocab_size if encdec else cfg.vocab_size  # the scores of a step
     noise = None if temperature == 0 else torch.empty(B, V, device=device)  # the race's
-    choice = (temperature, top_k, top_p, noise)  # how every step picks its tokens
+    as_input = lambda x: torch.tensor(float(x), device=device)  # (not a compiled
+    choice = (as_input(temperature), top_k,  # constant: any value, one graph)
+              None if top_p is None or top_p >= 1 else as_input(top_p), noise)
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     step = _choosing_step if backend is None else _compiled_step(backend)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view

@@ -132,14 +132,14 @@ class RotaryEmbedding(nn.Module):
 
     def _apply(self, fn, recurse=True):
         "With its model's `.to()`/`.cuda()`: the tables move, and stay float32."
-        device = fn(torch.zeros((), device="cpu")).device  # where fn sends a tensor
+        device = fn(self.cos.new_zeros(())).device  # where fn sends a tensor of theirs
         self.cos, self.sin = self.cos.to(device), self.sin.to(device)
         return self
 
     def angles(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every pair's angle m·θ_i, under both numbers of the pair:
-        `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)` below `max_len`: rows
+        `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)` in [0, max_len): rows
         of the tables (float64 rounded to float32), in `dtype` (the queries': as HF)."""
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 

@@ -178,3 +178,21 @@ def test_a_query_that_sees_no_key_gets_zeros_under_each_sdpa_backend(backend, dt
     ref, _ = attention_with_weights(q.float(), k.float(), v.float(), mask)
     assert (out[1, :, 3] == 0).all() and not out.isnan().any()
     assert close(out, ref, dtype)
+
+
+def test_rotary_tables_follow_the_model_to_cuda_and_a_cpu_generator_is_refused(tmp_path):
+    """The tables stay on the GPU, in float32, through a cast after `.cuda()` and after
+    loading a checkpoint onto the GPU; sampling's draws need a generator of the model's
+    device, and one on the CPU is refused before any step."""
+    from minitransformer.checkpoints import load_checkpoint, save_checkpoint
+    cfg = GPTConfig(vocab_size=50, max_len=64, d_model=32, n_heads=4, n_layers=2,
+                    position_encoding="rotary")
+    gpt = GPT(cfg).cuda().to(torch.bfloat16).eval()
+    rotary = gpt.decoder.rotary
+    assert rotary.cos.device.type == "cuda" and rotary.cos.dtype == torch.float32
+    path = save_checkpoint(GPT(cfg), tmp_path / "gpt.safetensors")
+    loaded = load_checkpoint(path, map_location="cuda")
+    assert loaded.decoder.rotary.sin.device.type == "cuda"
+    assert len(generate(loaded.eval(), [[1, 2]], 4)[0]) == 4
+    with pytest.raises(ValueError, match="generator is on cpu"):
+        generate(gpt, [[1, 2]], 3, temperature=0.8, generator=torch.Generator())

@@ -85,6 +85,7 @@ def test_rotary_tables_are_made_once_stay_float32_and_are_not_saved():
         built = RotaryEmbedding(8, max_len=32)
     assert built.cos.device.type == "cpu" and torch.equal(built.cos, cos)
     assert built.to("meta").cos.is_meta  # (follows its model, wherever it goes)
+    assert built.to(torch.bfloat16).cos.is_meta  # a cast moves nothing (here: to the CPU)
 
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -534,3 +534,15 @@ def test_the_sampled_step_holds_the_filters_and_the_race_and_draws_nothing():
     drawn = {"multinomial", "exponential_", "exponential", "rand", "rand_like", "randn",
              "randint", "uniform_", "bernoulli", "normal_"}
     assert not names & drawn, names & drawn
+
+
+def test_another_temperature_or_top_p_compiles_no_new_graph():
+    "The temperature and top-p enter the compiled step as tensors: one graph serves all."
+    model = small_gpt(**RECIPE)
+    run = lambda t, p: generate(model, [[1, 2, 3]], 6, temperature=t, top_p=p,
+                                compile="eager", generator=torch.Generator().manual_seed(0))
+    run(0.7, 0.9)
+    graphs = counters["stats"]["unique_graphs"]
+    run(1.3, 0.5)
+    run(0.2, 0.95)
+    assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])

@@ -480,10 +480,20 @@ def model_from_state(cls: type, config, state: dict) -> nn.Module:
         setattr(model.get_submodule(owner), leaf, model.get_parameter(target))
     left = [k for k, t in model.state_dict().items() if t.is_meta]
     assert not left, f"{cls.__name__} keeps tensors that no state dict holds: {left}"
+    return place_made_buffers(model)
+
+
+def place_made_buffers(model: nn.Module) -> nn.Module:
+    """The buffers that `model`'s modules make rather than load (not in its state dict:
+    rotary's tables), made or moved beside its weights after a build on the meta
+    device, by `to_empty` of each module that makes them (one without parameters, whose
+    `_apply` makes its tables where it is put); returns `model`."""
     device, saved = next(model.parameters()).device, model.state_dict()
-    for name, buffer in model.named_buffers():  # made by their module, not read (a
-        if name not in saved and buffer.device != device:  # rotary table): beside
-            model.get_submodule(name.rpartition(".")[0]).to(device)  # the weights
+    for name, buffer in model.named_buffers():
+        owner = model.get_submodule(name.rpartition(".")[0])
+        made = name not in saved and not any(owner.parameters())
+        if made and buffer.device != device:
+            owner.to_empty(device=device)
     return model
 
 # %% ../nbs/92_checkpoints.ipynb #e1d2a3f4

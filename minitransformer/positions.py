@@ -103,13 +103,29 @@ class LearnedPositions(nn.Module):
         return F.embedding(positions, self.weight)  # (..., T, C): rows of the table
 
 # %% ../nbs/07_positions.ipynb #71c7a3b9
+_TABLE_NUMBERS = 2**24  # the most numbers one rotary table holds (64 MB of float32)
+
+
+def _rotary_angles(positions: torch.Tensor, head_dim: int, base: float,
+                   interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of m·θ_i under both numbers of pair i, `(..., T, D)` for positions
+    `(..., T)`: computed in float64 (float32 where there is none), kept in float32."""
+    exact = _angle_dtype(positions.device)  # float64 (where there is one)
+    i2 = torch.arange(0, head_dim, 2, dtype=exact, device=positions.device)
+    angles = positions.to(exact)[..., None] * base ** (-i2 / head_dim)  # (..., T, D/2)
+    pair = -1 if interleaved else -2  # neighbours, or the two halves
+    angles = torch.stack([angles, angles], pair).flatten(-2)  # (..., T, D)
+    return angles.cos().float(), angles.sin().float()
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding for queries and keys `(..., T, D)`: pair i of the
     vector at position m is rotated by m·θ_i, θ_i = base^(-2i/D). Pairs are neighbours
     (`interleaved=True`) or the two halves (x_i, x_{i+D/2}). The cos and sin of every
-    angle below `max_len` are tabulated once, as float32 buffers that are not saved."""
-    cos: torch.Tensor  # (max_len, D): cos m·θ_i under both numbers of pair i
-    sin: torch.Tensor  # (max_len, D)
+    angle below `max_len` are tabulated once, as float32 buffers that are not saved
+    (computed in every call instead when max_len·D passes 2^24)."""
+    cos: torch.Tensor | None  # (max_len, D): cos m·θ_i under both numbers of pair i
+    sin: torch.Tensor | None  # (max_len, D)
 
     def __init__(self,
                  head_dim: int,  # D, the width of one head's queries and keys; even
@@ -120,20 +136,30 @@ class RotaryEmbedding(nn.Module):
         _check_rotary_args(head_dim, max_len, base, interleaved)  # D even, ...
         self.head_dim, self.max_len = head_dim, max_len
         self.base, self.interleaved = base, interleaved
-        pos = torch.arange(max_len, dtype=torch.float64, device="cpu")  # (exact)
-        i2 = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
-        angles = pos[:, None] * base ** (-i2 / head_dim)  # (max_len, D/2): m·θ_i
-        pair = -1 if interleaved else -2  # neighbours, or the two halves
-        angles = torch.stack([angles, angles], pair).flatten(-2)  # (max_len, D)
-        device = torch.empty(0).device  # the default device; on meta (a model built
-        device = torch.device("cpu") if device.type == "meta" else device  # to load)
-        for name, table in (("cos", angles.cos()), ("sin", angles.sin())):
-            self.register_buffer(name, table.float().to(device), persistent=False)
+        tabled = max_len * head_dim <= _TABLE_NUMBERS
+        self._make_tables(torch.empty(0).device if tabled else None)  # default device
+
+    def _make_tables(self, device: torch.device | None) -> None:
+        "The tables, computed on the CPU, kept on `device` (meta: shapes; None: none)."
+        cos = sin = None
+        if device is not None and device.type == "meta":  # (a model built to load)
+            cos = sin = torch.empty(self.max_len, self.head_dim, device=device)
+        elif device is not None:
+            cos, sin = (t.to(device) for t in _rotary_angles(
+                torch.arange(self.max_len), self.head_dim, self.base, self.interleaved))
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
-        "With its model's `.to()`/`.cuda()`: the tables move, and stay float32."
+        """With its model's `.to()`: the tables move, and stay float32; built on meta,
+        they are made where `to_empty` puts the module."""
+        if self.cos is None or self.sin is None:  # (angles computed in every call)
+            return self
         device = fn(self.cos.new_zeros(())).device  # where fn sends a tensor of theirs
-        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        if self.cos.is_meta and device.type != "meta":
+            self._make_tables(device)
+        else:
+            self.cos, self.sin = self.cos.to(device), self.sin.to(device)
         return self
 
     def angles(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
@@ -141,6 +167,10 @@ class RotaryEmbedding(nn.Module):
         """cos and sin of every pair's angle m·θ_i, under both numbers of the pair:
         `(T, D)` or `(B, T, D)` for positions `(T,)` or `(B, T)` in [0, max_len): rows
         of the tables (float64 rounded to float32), in `dtype` (the queries': as HF)."""
+        if self.cos is None or self.sin is None:  # (no tables: max_len·D too large)
+            cos, sin = _rotary_angles(positions, self.head_dim, self.base,
+                                      self.interleaved)
+            return cos.to(dtype), sin.to(dtype)
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
     def rotate(self, x: torch.Tensor,

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoints import expected_layout, register_wrapped
+from .checkpoints import (
+    expected_layout, place_made_buffers, register_wrapped)
 from .checks import (
     check_choice, check_float_dtype, check_module, compiling)
 from .embeddings import TokenEmbedding
@@ -584,6 +585,7 @@ def _gguf_blocks_model(file: GGUFLlama,  # chapter 16's reading of the file's he
         model.head.weight = model.embed.tok.weight
     left = [k for k, v in model.state_dict().items() if v.is_meta]
     assert not left, f"tensors that no rule filled: {left[:5]}"
+    place_made_buffers(model)  # (rotary's tables, made beside the weights)
     return model
 
 # %% ../nbs/18_quantised.ipynb #23728bf5

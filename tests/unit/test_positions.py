@@ -82,10 +82,14 @@ def test_rotary_tables_are_made_once_stay_float32_and_are_not_saved():
     assert rope.double().cos.dtype == torch.float32 and torch.equal(rope.cos, cos)
     assert rope.to(torch.bfloat16).sin.dtype == torch.float32
     with torch.device("meta"):
-        built = RotaryEmbedding(8, max_len=32)
-    assert built.cos.device.type == "cpu" and torch.equal(built.cos, cos)
-    assert built.to("meta").cos.is_meta  # (follows its model, wherever it goes)
-    assert built.to(torch.bfloat16).cos.is_meta  # a cast moves nothing (here: to the CPU)
+        built = RotaryEmbedding(8, max_len=32)  # (shapes only: nothing allocated)
+    assert built.cos.is_meta and built.to(torch.bfloat16).cos.is_meta  # (a cast: no move)
+    assert torch.equal(built.to_empty(device="cpu").cos, cos)  # made where it is put
+    huge = RotaryEmbedding(8, max_len=2**22)  # 2^25 numbers a table: computed per call
+    assert huge.cos is None and huge.state_dict() == {}
+    x, positions = torch.randn(2, 3, 5, 8), torch.tensor([0, 7, 3, 31, 12])
+    assert torch.equal(huge(x, positions), rope(x, positions))  # the same numbers
+    assert rope.to("meta").cos.is_meta  # (follows its model, wherever it goes)
 
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

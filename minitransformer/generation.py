@@ -70,16 +70,25 @@ def sample_next(logits: torch.Tensor,  # (B, V) scores for the next token
     temperature = _check_sample_next(logits, temperature, top_k, top_p, generator)
     noise = None if temperature == 0 else torch.empty(  # one Exp(1) draw per score
         logits.shape, device=logits.device).exponential_(generator=generator)
-    nxt = _sample(logits, temperature, top_k, top_p, noise)
+    nxt = _sample(logits, *_choice(temperature, top_k, top_p, noise, logits.device))
     if not tracing() and bool((nxt < 0).any()):  # one small transfer (appendix D)
         _raise_not_finite()  # a row without a finite largest score drew -1
     return nxt
 
 
-def _sample(logits, temperature, top_k, top_p, noise) -> torch.Tensor:
-    """`sample_next`'s tokens `(B,)`, with -1 in a row whose top score is not finite;
-    `noise`: `(B, V)` draws of Exp(1), made outside (None: greedy). `temperature` and
-    `top_p` may be 0-d tensors (a compiled step then serves any value of them)."""
+def _choice(temperature: float, top_k, top_p, noise, device) -> tuple:
+    """`_sample`'s settings: the temperature and top-p as 0-d tensors on `device` (a
+    compiled step then serves any value of them), a top-p of 1 as none."""
+    as_input = lambda x: torch.tensor(float(x), device=device)
+    keep_all = top_p is None or top_p >= 1
+    return as_input(temperature), top_k, None if keep_all else as_input(top_p), noise
+
+
+def _sample(logits, temperature: torch.Tensor, top_k, top_p: torch.Tensor | None,
+            noise) -> torch.Tensor:
+    """`sample_next`'s tokens `(B,)`, with -1 in a row whose top score is not finite,
+    by the settings `_choice` makes; `noise`: `(B, V)` draws of Exp(1), made outside
+    (None: greedy)."""
     if noise is None:
         nxt = logits.argmax(-1)  # (NaN counts as the largest: it is caught below)
         top = logits.gather(-1, nxt[:, None])  # (B, 1)
@@ -88,14 +97,12 @@ def _sample(logits, temperature, top_k, top_p, noise) -> torch.Tensor:
     finite = torch.isfinite(top)  # NaN would sample garbage; such a row gets -1
     # scores <= 0 cannot overflow; a float32 divisor must not round to 0 for tiny t
     tiny = torch.finfo(torch.float32).tiny
-    divisor = temperature.clamp(min=tiny) if torch.is_tensor(temperature) else max(
-        temperature, tiny)
-    logits = (logits.float() - top) / divisor
+    logits = (logits.float() - top) / temperature.clamp(min=tiny)
     logits = torch.where(finite, logits, 0.0)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): k-th largest score
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and (torch.is_tensor(top_p) or top_p < 1.0):
+    if top_p is not None:
         logits = _nucleus(logits, top_p)
     probs = logits.softmax(-1)  # (B, V)
     # the exponential race: noise_i / probs_i is an Exp(probs_i) waiting time, and
@@ -113,7 +120,7 @@ def top_p_filter(logits: torch.Tensor,  # (B, V) scores, finite or -inf
     return _nucleus(logits, top_p) if top_p < 1.0 else logits
 
 
-def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+def _nucleus(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     "Top-p: `logits` `(B, V)` with -inf for every token outside the nucleus."
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V) each
     probs = sorted_logits.softmax(-1)
@@ -353,9 +360,7 @@ def _decode(model: GPT | Transformer, rows, src_rows, max_new_tokens: int, backe
     cfg: Any = model.config  # (a GPTConfig or a TransformerConfig)
     V = cfg.tgt_vocab_size if encdec else cfg.vocab_size  # the scores of a step
     noise = None if temperature == 0 else torch.empty(B, V, device=device)  # the race's
-    as_input = lambda x: torch.tensor(float(x), device=device)  # (not a compiled
-    choice = (as_input(temperature), top_k,  # constant: any value, one graph)
-              None if top_p is None or top_p >= 1 else as_input(top_p), noise)
+    choice = _choice(temperature, top_k, top_p, noise, device)  # every step's
     padded = len(set(map(len, rows))) > 1  # else no mask: one new token sees all
     step = _choosing_step if backend is None else _compiled_step(backend)
     real4 = real[:, None, None, :]  # (B, 1, 1, total): every step's mask is a view
@@ -456,12 +461,12 @@ _INDUCTOR_OPTIONS: dict[str, Any] = {
 @functools.cache
 def _compiled_step(backend: str):
     """`_choosing_step` through `torch.compile` with `backend`, as one graph: every
-    shape static, the cache's write slot a tensor, the sampling noise an input (the
-    filters and the race inside). Its output is copied: a CUDA
-    graph's outputs are overwritten by its next replay (the caches are the graph's
-    own: module buffers, which the compiler takes as fixed addresses, and a
-    `GenerationCache` keeps them from call to call). Past the compile limit, a step
-    with no graph runs eagerly, with one warning."""
+    shape static, the cache's write slot a tensor, the sampling settings and noise
+    inputs (the filters and the race inside). Its output is copied: a CUDA graph's
+    outputs are overwritten by its next replay (the caches are the graph's own: module
+    buffers, which the compiler takes as fixed addresses, and a `GenerationCache`
+    keeps them from call to call). Past the compile limit, a step with no graph runs
+    eagerly, with one warning."""
     options = _INDUCTOR_OPTIONS if backend == "inductor" else None
     compiled = torch.compile(_choosing_step, backend=backend, fullgraph=True,
                              dynamic=False, options=options)
@@ -484,8 +489,8 @@ def _compiled_step(backend: str):
                 said.append(warnings.warn(
                     f"compile={backend!r}: torch.compile has compiled "
                     f"{_RECOMPILE_LIMIT} graphs of generate's step in this process "
-                    "(one per model configuration, batch size or cache size), its "
-                    "limit; steps it has no graph for now run eagerly "
+                    "(one per model configuration, batch size, cache size or top_k), "
+                    "its limit; steps it has no graph for now run eagerly "
                     "(torch._dynamo.reset() starts afresh)", stacklevel=3))
             return _choosing_step(model, ids, memory, source_mask, kw, choice)
         except exc.Unsupported as e:  # fullgraph: a break is an error, not a slow step

@@ -141,10 +141,11 @@ class RotaryEmbedding(nn.Module):
 
     def _make_tables(self, device: torch.device | None) -> None:
         "The tables, computed on the CPU, kept on `device` (meta: shapes; None: none)."
-        cos = sin = None
-        if device is not None and device.type == "meta":  # (a model built to load)
+        if device is None:  # (angles computed in every call)
+            cos = sin = None
+        elif device.type == "meta":  # (a model built to be loaded)
             cos = sin = torch.empty(self.max_len, self.head_dim, device=device)
-        elif device is not None:
+        else:
             cos, sin = (t.to(device) for t in _rotary_angles(
                 torch.arange(self.max_len), self.head_dim, self.base, self.interleaved))
         self.register_buffer("cos", cos, persistent=False)

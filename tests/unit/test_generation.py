@@ -528,7 +528,8 @@ def test_the_sampled_step_holds_the_filters_and_the_race_and_draws_nothing():
               attention_mask=torch.ones(1, 8, dtype=torch.bool))
     noise = torch.empty(1, 40).exponential_(generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        step(model, torch.tensor([[3]]), None, None, kw, (0.8, 5, 0.9, noise))
+        step(model, torch.tensor([[3]]), None, None, kw,
+             generation._choice(0.8, 5, 0.9, noise, noise.device))
     names = _op_names(backend.graphs[0].graph)
     assert {"topk", "sort", "cumsum", "softmax", "truediv", "argmax"} <= names, names
     drawn = {"multinomial", "exponential_", "exponential", "rand", "rand_like", "randn",

@@ -84,10 +84,8 @@ def save_checkpoint(model: nn.Module, path: str | Path,
                     ) -> Path:
     """Save `model`'s class, config and weights to `path` (safetensors, atomically).
     `train` adds its run's `extra` tensors and `info`: what resuming it needs."""
+    check_saveable(model)  # one of MODEL_CLASSES, as load_checkpoint can rebuild it
     kind = type(model).__name__
-    if kind not in MODEL_CLASSES or type(model) is not MODEL_CLASSES[kind][0]:
-        raise TypeError(f"model must be one of {list(MODEL_CLASSES)}, got {kind}")
-    check_saveable(model)  # a file that load_checkpoint can rebuild
     extra = extra or {}
     odd = [k for k in extra if not (isinstance(k, str) and k.startswith(TRAIN_PREFIX))]
     if odd:
@@ -245,15 +243,13 @@ def generation_ends(file: Path, backend) -> tuple[str, ...]:
 
 
 def parse_json_object(text: str | bytes, where: str) -> dict:
-    """`text` (or a file's bytes: UTF-8) parsed as a JSON object (a dict); else a
-    ValueError naming `where`."""
+    "`text` (or a file's UTF-8 bytes) as a JSON object (a dict); else a ValueError."
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as e:  # not JSON or UTF-8; nested too deeply
         raise ValueError(f"{where} is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a JSON object, got a "
-                         f"{type(value).__name__}")
+        raise ValueError(f"{where} must be a JSON object, got a {type(value).__name__}")
     return value
 
 
@@ -338,15 +334,13 @@ def check_saveable(model: nn.Module) -> None:
 
 # %% ../nbs/92_checkpoints.ipynb #ebb70840
 def load_checkpoint(path: str | Path, model: nn.Module | None = None,
-                    map_location: str | torch.device = "cpu",
-                    average: bool = False,
+                    map_location: str | torch.device = "cpu", average: bool = False,
                     dtype: torch.dtype | str = "auto") -> nn.Module:
     """Load a checkpoint into `model` (checked against its config) or a new model,
     whose weights keep the dtype they were saved in (`dtype="auto"`; a floating-point
-    dtype: converted to it).
-    Everything is checked from the file's header before any model is built or
-    changed; `average=True` loads a training checkpoint's averaged weights instead
-    of its live ones."""
+    dtype: converted to it). Everything is checked from the file's header before any
+    model is built or changed; `average=True` loads a training checkpoint's averaged
+    weights instead of its live ones."""
     check_float_dtype(dtype, allow_none=False, allow_auto=True)
     if model is not None and dtype != "auto":
         raise ValueError("dtype is for a new model; a model given keeps its own dtype "
@@ -373,7 +367,7 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
         for name, how in wrapped.items():  # rebuilt from its inner tensors
             inner = {k[len(name) + 1:]: f.get_tensor(k) for k in f.keys()
                      if k.startswith(name + ".")}
-            state[name] = _wrapped_type(how["type"]).__tensor_unflatten__(
+            state[name] = _WRAPPED[how["type"]].__tensor_unflatten__(
                 inner, how["ctx"], None, None)
     if model is not None:
         state |= {alias: state[target] for alias, target in aliases.items()}
@@ -382,14 +376,13 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None,
         return model
     model = model_from_state(cls, config, {  # (as saved, unless dtype says otherwise)
         k: v.to(map_location, v.dtype if dtype == "auto" else dtype)
-        if v.is_floating_point()
-        else v.to(map_location) for k, v in state.items()})
+        if v.is_floating_point() else v.to(map_location) for k, v in state.items()})
     for name in wrapped:  # a weight kept in another form is frozen
         model.get_parameter(name).requires_grad_(False)
     return model
 
 
-_WRAPPED: dict[str, type] = {}  # the tensors of tensors a checkpoint rebuilds, by name
+_WRAPPED: dict[str, type[Any]] = {}  # the tensors of tensors a checkpoint rebuilds
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
@@ -402,11 +395,6 @@ def register_wrapped(cls: type) -> type:
     so this one names no later chapter."""
     _WRAPPED[cls.__name__] = cls
     return cls
-
-
-def _wrapped_type(name: str) -> type[Any]:
-    "The class a checkpoint's `wrapped` entry names (registered: `register_wrapped`)."
-    return _WRAPPED[name]
 
 
 def _unwrap_layout(path: Path, meta: dict, layout: dict) -> tuple[dict, dict]:
@@ -426,7 +414,7 @@ def _unwrap_layout(path: Path, meta: dict, layout: dict) -> tuple[dict, dict]:
             with torch.device("meta"):
                 empty = {k: torch.empty(shape, dtype=_DTYPES[dtype])
                          for k, (dtype, shape) in inner.items()}
-                t = _wrapped_type(how["type"]).__tensor_unflatten__(
+                t = _WRAPPED[how["type"]].__tensor_unflatten__(
                     empty, how.get("ctx"), None, None)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: {name}'s stored tensors {inner} do not make a "
@@ -484,10 +472,9 @@ def model_from_state(cls: type, config, state: dict) -> nn.Module:
 
 
 def place_made_buffers(model: nn.Module) -> nn.Module:
-    """The buffers that `model`'s modules make rather than load (not in its state dict:
-    rotary's tables), made or moved beside its weights after a build on the meta
-    device, by `to_empty` of each module that makes them (one without parameters, whose
-    `_apply` makes its tables where it is put); returns `model`."""
+    """The buffers `model`'s modules make rather than load (rotary's tables: not in the
+    state dict), moved beside its weights after a meta-device build by `to_empty` of
+    each parameterless module making them (whose `_apply` makes them there)."""
     device, saved = next(model.parameters()).device, model.state_dict()
     for name, buffer in model.named_buffers():
         owner = model.get_submodule(name.rpartition(".")[0])

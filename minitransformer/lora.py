@@ -31,8 +31,7 @@ def _fingerprint(weight: torch.Tensor) -> str:
     """A short hash of a weight's values: which base matrix an adapter was trained on
     (a weight kept in another form, such as blocks, hashes as the floats it holds)."""
     floats = torch.empty(weight.shape, dtype=torch.float32).copy_(weight.detach())
-    data = floats.numpy().tobytes()
-    return hashlib.sha256(data).hexdigest()[:16]
+    return hashlib.sha256(floats.numpy().tobytes()).hexdigest()[:16]
 
 
 def _check_settings(base: nn.Module, r, alpha, dropout,
@@ -126,8 +125,7 @@ def _check_found(model: nn.Module, found: list, targets, trainable, r, alpha,
                                                 for n in names)]
     if missing:
         raise ValueError(f"trainable names {missing} match no parameter")
-    tied = tied_parameters(model)
-    shared = set(tied) | set(tied.values())
+    shared = {n for pair in tied_parameters(model).items() for n in pair}  # tied
     for name in found:
         if f"{name}.weight" in shared:
             raise ValueError(f"{name}.weight is shared with another parameter (tied "
@@ -159,8 +157,7 @@ def add_lora(model: nn.Module,
              ) -> list[str]:  # the adapted layers' names
     """Freeze `model` and wrap every `nn.Linear` whose own name (the last part of its
     dotted path, e.g. `q_proj`) is one of `targets` in a `LoRALinear`; the parameters
-    under `trainable` (e.g. a new task head) stay trainable. Returns the names of the
-    wrapped layers."""
+    under `trainable` (e.g. a new task head) stay trainable."""
     _check_add_lora(model, targets, trainable)
     found = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)
              and name.rsplit(".", 1)[-1] in targets]
@@ -200,9 +197,8 @@ def save_adapter(model: nn.Module, path,
                  format: str = "minitransformer",  # or "peft": the folder peft reads
                  base_model_name_or_path: str | None = None,  # peft: the base's name
                  ) -> Path:
-    """Write only what training changed — every LoRA layer's A and B and any other
-    trainable parameter — with the fingerprints of the base weights they adapt; with
-    `format="peft"`, the folder of the `peft` library instead (see below)."""
+    """Write only what training changed (each LoRA layer's A and B, other trainable
+    parameters) and the base weights' fingerprints; `format="peft"`: peft's folder."""
     layers = _check_saveable(model, format, base_model_name_or_path)  # none merged
     if format == "peft":
         return _save_peft(model, layers, Path(path), base_model_name_or_path)
@@ -217,11 +213,10 @@ def save_adapter(model: nn.Module, path,
 
 def load_adapter(model: nn.Module, path) -> nn.Module:
     """Put a saved adapter on `model`: the same base model (checked by fingerprint),
-    with or without LoRA layers yet (they are added as the file describes). The
-    file's header — every layer's settings, every tensor's name and shape — is checked
-    before anything is read or changed: a refused file leaves `model` as it was. A
-    folder is read as `peft`'s format (below), checked by its names and shapes. The
-    file's matrices are cast to the dtype of the layers they go into (the base's)."""
+    with or without LoRA layers yet (they are added as the file describes). The file's
+    header — every layer's settings, every tensor's name and shape — is checked before
+    anything is read or changed: a refused file leaves `model` as it was. A folder is
+    read as `peft`'s format (below). The matrices are cast to their layers' dtype."""
     check_module(model)
     if Path(path).is_dir():  # adapter_config.json and adapter_model.safetensors
         specs, tensors = _read_peft(model, Path(path))
@@ -287,8 +282,7 @@ def _adapter_header(path, model: nn.Module) -> tuple[Path, dict, dict]:
 
 
 def _check_adapter(model: nn.Module, path: Path, meta: dict, shapes: dict) -> dict:
-    """Each layer the file names: its settings, the fingerprint of the base weight, and
-    every tensor's name and shape. Returns each layer's checked settings."""
+    "Each layer's settings (returned), base fingerprint and tensors' names and shapes."
     layers = parse_json_object(meta["layers"], f"{path}'s layer list")
     have, params = lora_layers(model), dict(model.named_parameters())
     specs: dict[str, dict] = {}
@@ -298,22 +292,18 @@ def _check_adapter(model: nn.Module, path: Path, meta: dict, shapes: dict) -> di
         base = _linear(model, name, path) if m is None else m.base
         with name_in_errors(f"{path}, layer {name}"):
             specs[name] = spec = _layer_spec(spec, base, name)
-        if m is None:
-            seen = _fingerprint(base.weight)
-            want[f"{name}.A"] = (spec["r"], base.in_features)
-            want[f"{name}.B"] = (base.out_features, spec["r"])
-        else:  # the fingerprint taken when the layer was made (merging rounds)
-            if m.merged:
-                raise ValueError("unmerge the LoRA layers before loading an adapter")
-            if (m.r, m.alpha) != (spec["r"], spec["alpha"]):
-                raise ValueError(f"{path} has r={spec['r']}, alpha={spec['alpha']} for "
-                                 f"{name}, whose LoRA layer has r={m.r}, "
-                                 f"alpha={m.alpha}")
-            seen = m.fingerprint
-            want[f"{name}.A"], want[f"{name}.B"] = tuple(m.A.shape), tuple(m.B.shape)
+        if m is not None and m.merged:
+            raise ValueError("unmerge the LoRA layers before loading an adapter")
+        if m is not None and (m.r, m.alpha) != (spec["r"], spec["alpha"]):
+            raise ValueError(f"{path} has r={spec['r']}, alpha={spec['alpha']} for "
+                             f"{name}, whose LoRA layer has r={m.r}, alpha={m.alpha}")
+        # a LoRA layer's fingerprint: taken when it was made (merging rounds)
+        seen = _fingerprint(base.weight) if m is None else m.fingerprint
         if seen != spec["fingerprint"]:
             raise ValueError(f"{path} was trained on another base model: the weights "
                              f"of {name} differ from those it adapts")
+        want[f"{name}.A"] = (spec["r"], base.in_features)
+        want[f"{name}.B"] = (base.out_features, spec["r"])
     missing = sorted(want.keys() - shapes.keys())
     if missing:
         raise ValueError(f"{path} lacks {missing[:5]}, which its layer list names")
@@ -343,18 +333,14 @@ def _layer_spec(spec, base: nn.Linear, name: str) -> dict:
 
 
 def _linear(model: nn.Module, name: str, path: Path) -> nn.Linear:
-    try:
-        layer = model.get_submodule(name)
-    except AttributeError:
-        layer = None
+    layer = dict(model.named_modules(remove_duplicate=False)).get(name)
     if not isinstance(layer, nn.Linear):
         raise ValueError(f"{path} adapts {name}, not an nn.Linear of this model")
     return layer
 
 # %% ../nbs/17_lora.ipynb #7e9b9d42
 def _hf_layers(model: nn.Module) -> dict[str, str]:
-    """Our linear layers' names → their names in the `transformers` model (Llama for
-    a `GPT`, BERT's `BertModel` for a `TextEncoder`): chapter 15's rules, reversed."""
+    "Our linear layers' names → the transformers model's: chapter 15's rules, reversed."
     c: Any = model.config  # (a module's attribute: untyped)
     if isinstance(model, GPT):  # LlamaForCausalLM keeps the stack under `model.`
         rules = {k: (v if v == "lm_head.weight" else f"model.{v}", how)
@@ -426,20 +412,17 @@ def _check_llama(model: nn.Module) -> None:
                          f"has {needs}")
 
 
-def _check_peft_saveable(model: nn.Module, layers: dict, base_model_name_or_path
-                         ) -> None:
+def _check_peft_saveable(model: nn.Module, layers: dict, base) -> None:
     _check_peft_model(model)
-    if base_model_name_or_path is not None and not isinstance(
-            base_model_name_or_path, str):
+    if base is not None and not isinstance(base, str):  # base_model_name_or_path
         raise TypeError(f"base_model_name_or_path must be a string or None, got "
-                        f"{type(base_model_name_or_path).__name__}")
+                        f"{type(base).__name__}")
     odd = sorted(set(layers) - set(_hf_layers(model)))
     if odd:
         raise ValueError(f"LoRA layers {odd[:3]} have no name in the transformers "
                          f"model, so peft's format cannot hold them")
     ab = {f"{n}.{p}" for n in layers for p in "AB"}
-    extra = sorted(n for n, p in model.named_parameters() if p.requires_grad
-                   and n not in ab)
+    extra = sorted({n for n, p in model.named_parameters() if p.requires_grad} - ab)
     if extra:
         raise ValueError(f"peft's adapter holds LoRA's A and B only, and {extra[:3]} "
                          f"are trainable too: save them with format='minitransformer'")
@@ -460,8 +443,7 @@ _NAME = re.compile(r"[\w.\-]{1,300}")  # a module name, not a regular expression
 
 
 def _peft_headers(folder: Path) -> tuple[dict, dict]:
-    """adapter_config.json (its settings checked) and {key: (dtype, shape)} of
-    adapter_model.safetensors, from its header alone."""
+    "adapter_config.json, checked, and {key: (dtype, shape)} of the weights' header."
     config_file, weights = folder / "adapter_config.json", \
         folder / "adapter_model.safetensors"
     for f in (config_file, weights):
@@ -493,11 +475,10 @@ def _peft_settings(cfg: dict) -> dict:
     for key in ("r", "lora_alpha"):
         if key not in cfg:
             raise ValueError(f"the config lacks {key!r}")
-    out: dict[str, Any] = {"r": check_positive_int(cfg["r"], "r"),
-           "lora_alpha": check_number(cfg["lora_alpha"], "lora_alpha", low=0,
-                                      low_open=True),
-           "lora_dropout": check_dropout(cfg.get("lora_dropout", 0.0), "lora_dropout")}
     positive = lambda v, n: check_number(v, n, low=0, low_open=True)
+    out: dict[str, Any] = {"r": check_positive_int(cfg["r"], "r"),
+           "lora_alpha": positive(cfg["lora_alpha"], "lora_alpha"),
+           "lora_dropout": check_dropout(cfg.get("lora_dropout", 0.0), "lora_dropout")}
     for key, check in (("rank_pattern", check_positive_int),
                        ("alpha_pattern", positive)):
         pattern = cfg.get(key) or {}
@@ -529,8 +510,7 @@ def _our_key(key: str, ours: dict, path: Path) -> str:
 
 def _check_peft(model: nn.Module, path: Path, cfg: dict, layout: dict,
                 keys: dict) -> dict:
-    """Each adapted layer's r, alpha and dropout, checked against the model; and every
-    tensor's shape and dtype. Returns {our layer name: its settings}."""
+    "Each adapted layer's settings (returned) and each tensor's shape, checked."
     have, hf = lora_layers(model), _hf_layers(model)
     names = sorted({k.rsplit(".", 1)[0] for k in keys.values()})
     lacking = sorted({f"{n}.{p}" for n in names for p in "AB"} - set(keys.values()))
@@ -566,8 +546,7 @@ def _check_peft(model: nn.Module, path: Path, cfg: dict, layout: dict,
 
 # %% ../nbs/17_lora.ipynb #f757f766
 def _read_peft(model: nn.Module, folder: Path) -> tuple[dict, dict]:
-    """A peft folder's layers ({our name: r, alpha, dropout}) and tensors (by our
-    names), every setting, name and shape checked before a tensor is read."""
+    "A peft folder's layers and tensors (by our names), checked before a read."
     _check_peft_model(model)  # a Llama-style GPT or a TextEncoder
     config, layout = _peft_headers(folder)  # adapter_config.json, tensors' shapes
     ours = {hf: name for name, hf in _hf_layers(model).items()}  # their name -> ours
@@ -579,11 +558,10 @@ def _read_peft(model: nn.Module, folder: Path) -> tuple[dict, dict]:
 
 # %% ../nbs/17_lora.ipynb #f9718c93
 def save_folder(model: GPT, folder) -> Path:
-    """Write a Llama-style `GPT` as a Hugging Face folder (config.json and
-    model.safetensors, Llama's names) that `transformers` and `load_folder` read.
-    LoRA layers are written merged, W + (alpha / r) B A, and a weight kept in blocks
-    (chapter 18) dequantised: the folder holds floats; `model` itself is left as it
-    is. Tokenizer files are not written: copy them beside."""
+    """Write a Llama-style `GPT` as a Hugging Face folder that `transformers` and
+    `load_folder` read (config.json, model.safetensors). LoRA layers are written merged,
+    W + (alpha / r) B A, and a weight kept in blocks (chapter 18) dequantised; `model`
+    is left unchanged. Tokenizer files are not written: copy them beside."""
     _check_llama(model)  # a choice Llama's config cannot express is refused
     c, tensors = model.config, dict[str, torch.Tensor]()
     for ours, (theirs, _) in llama_rules(c.n_layers, c.tie_weights).items():

@@ -17,8 +17,7 @@ from minitransformer.checks import (
 from .embeddings import TokenEmbedding, check_token_ids
 from .kv_cache import DecoderCache, check_encoder_output
 from .layers import Decoder, Encoder, LayerConfig
-from .masks import (
-    decoder_mask, padding_mask_from_real)
+from .masks import decoder_mask, padding_mask_from_real
 from .multihead import default_positions
 from .positions import (
     LearnedPositions, RotaryEmbedding, SinusoidalPositions, check_positions)
@@ -38,9 +37,8 @@ class TextConfig(LayerConfig):
     max_len: int = 256  # longest sequence (prompt + generated) the model handles
     position_encoding: str = "learned"  # learned | sinusoidal | rotary
     rope_base: float = 10000.0  # θ base for rotary positions
-    rope_interleaved: bool = False  # rotate adjacent pairs (x0, x1), ... (Meta's
-    # Llama code, GPT-J, GGUF files) instead of the two halves (x_i, x_i+D/2:
-    # GPT-NeoX, Hugging Face's Llama)
+    rope_interleaved: bool = False  # rotate adjacent pairs (x0, x1), ... (Meta's Llama,
+    # GPT-J, GGUF) instead of the halves (x_i, x_i+D/2: GPT-NeoX, Hugging Face's Llama)
     pad_id: int = 0  # the padding token's id
 
     def __post_init__(self):
@@ -93,8 +91,7 @@ class _Embed(nn.Module):
 
 def _decoder_inputs(ids, positions, cache, attention_mask=None,
                     full_attention_mask=None, cache_position=None) -> tuple:
-    """The T new tokens' positions (default: after the cache's) and self-attention's
-    `(mask, is_causal)`; a static cache's empty slots masked (compared, with slots)."""
+    "Positions of the T new tokens (default: after the cache) and `(mask, is_causal)`."
     (B, T), device = ids.shape, ids.device
     past = 0 if cache is None or cache_position is not None else cache.length
     if positions is None:
@@ -136,8 +133,7 @@ def _ids(ids: torch.Tensor, name: str) -> tuple[int, ...]:
     return ids.shape
 
 
-def _check_length(T: int, max_len: int, past: int = 0,
-                  earlier: str = "earlier") -> None:
+def _check_length(T: int, max_len: int, past: int, earlier: str = "earlier") -> None:
     "Raise unless `past` earlier positions (cached, or prefix vectors) and T fit."
     if past + T > max_len:
         before = f"{past} {earlier} + " if past else ""
@@ -219,8 +215,7 @@ def _check_decode(model, tgt, memory, source_mask, attention_mask, positions,
                   cache, cache_position=None) -> None:
     "Raise unless `Transformer.decode`'s arguments are well formed and fit each other."
     B = _check_decoding(model, tgt, "tgt", model.config.tgt_vocab_size, positions,
-                        cache, memory, attention_mask, None,
-                        cache_position=cache_position)
+                        cache, memory, attention_mask, None, False, cache_position)
     if memory is not None:
         check_encoder_output(memory, model.config.d_model, B)
         check_dtype(memory, "memory", model.head.weight.dtype, "the model's weights")
@@ -228,8 +223,7 @@ def _check_decode(model, tgt, memory, source_mask, attention_mask, positions,
         raise ValueError("decode needs the encoder output `memory`, or a cache "
                          "filled from it (make_cache(memory))")
     if source_mask is not None:
-        padding_mask_from_real(source_mask, B,
-                               _source_len(memory, cache, source_mask),
+        padding_mask_from_real(source_mask, B, _source_len(memory, cache, source_mask),
                                "source_mask")
 
 
@@ -245,8 +239,7 @@ def _check_prefix(model, prefix, B: int) -> int:
     if prefix.dim() != 3 or prefix.shape[0] not in (1, B) or prefix.shape[2] != C:
         raise ValueError(f"prefix must be (1, P, C) or (B, P, C) with B={B}, "
                          f"C={C}, got shape {shape_str(prefix)}")
-    check_dtype(prefix, "prefix", model.embed.tok.weight.dtype,
-                "the model's weights")
+    check_dtype(prefix, "prefix", model.embed.tok.weight.dtype, "the model's weights")
     return prefix.shape[1]
 
 
@@ -289,8 +282,7 @@ def _check_images(model, images) -> None:
 # %% ../nbs/11_model.ipynb #b42100d1
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig(TextConfig):
-    """A decoder-only language model: the layer fields (`LayerConfig`), GPT-2's layout
-    (learned positions, pre-norm, tied head) with exact GELU (GPT-2: `"gelu_tanh"`)."""
+    "A decoder-only language model: GPT-2's layout, exact GELU (GPT-2: `gelu_tanh`)."
     vocab_size: int  # |V|
     n_layers: int = 4  # number of blocks
     activation: str = "gelu"
@@ -323,8 +315,7 @@ class GPT(nn.Module):
         if c.tie_weights:
             self.head.weight = self.embed.tok.weight
 
-    def forward(self,
-                ids: torch.Tensor,  # (B, T) token ids
+    def forward(self, ids: torch.Tensor,  # (B, T) token ids
                 attention_mask: torch.Tensor | None = None,  # (B, past+T), True = real
                 # (with a static cache, also (B, max_len): positions after T ignored)
                 positions: torch.Tensor | None = None,  # (T,)/(B, T); None: after cache
@@ -348,8 +339,7 @@ class GPT(nn.Module):
 
     def make_cache(self, batch_size: int, max_len: int | None = None,
                    static: bool = False) -> DecoderCache:
-        """Empty caches for every block, on the model's device and in its dtype;
-        `static`: shapes that do not grow per token (for `torch.compile`)."""
+        "Empty caches, on the model's device and dtype (`static`: for torch.compile)."
         max_len = (self.config.max_len if max_len is None
                    else check_positive_int(max_len, "max_len"))
         return DecoderCache.for_decoder(self.decoder, batch_size, max_len,
@@ -357,8 +347,7 @@ class GPT(nn.Module):
 
 # %% ../nbs/11_model.ipynb #19beff86
 def count_parameters(model: nn.Module) -> int:
-    """How many trainable numbers `model` holds: the elements of its trainable
-    parameters, each tensor counted once (a tied matrix is one tensor)."""
+    "Trainable numbers in `model`: its trainable tensors' elements, each tensor once."
     check_module(model)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -402,19 +391,16 @@ class Transformer(nn.Module):
             self.head.weight = self.tgt_embed.tok.weight
 
     def encode(self, src: torch.Tensor, source_mask: torch.Tensor | None = None):
-        """Encoder output `(B, S, C)` and the source's real-token mask `(B, S)`
-        (`source_mask`, by default: the tokens that are not `pad_id`)."""
+        "Encoder output `(B, S, C)`, real-token mask `(B, S)` (default: src != pad_id)."
         _check_text_ids(src, source_mask, self.config.src_vocab_size,
                         self.config.max_len, "src", "source_mask")  # (appendix D)
-        S = src.shape[1]
         if source_mask is None:
             source_mask = src != self.config.pad_id
         mask = padding_mask_from_real(source_mask)  # (B, 1, 1, S)
-        x = self.src_embed(src, default_positions(0, S, src.device))
+        x = self.src_embed(src, default_positions(0, src.shape[1], src.device))
         return self.encoder(x, mask=mask), source_mask
 
-    def decode(self,
-               tgt: torch.Tensor,  # (B, T) target ids
+    def decode(self, tgt: torch.Tensor,  # (B, T) target ids
                memory: torch.Tensor | None,  # (B, S, C) encoder output; None: cached
                source_mask: torch.Tensor | None = None,  # (B, S), True = real source
                attention_mask: torch.Tensor | None = None,  # (B, past+T), real targets
@@ -426,11 +412,8 @@ class Transformer(nn.Module):
                       cache_position)
         positions, mask, causal = _decoder_inputs(tgt, positions, cache, attention_mask,
                                                   cache_position=cache_position)
-        memory_mask = None  # (B, 1, 1, S)
-        if source_mask is not None:
-            S = _source_len(memory, cache, source_mask)
-            memory_mask = padding_mask_from_real(source_mask, len(tgt), S,
-                                                 "source_mask")
+        memory_mask = (None if source_mask is None  # (B, 1, 1, S), checked above
+                       else padding_mask_from_real(source_mask))
         x = self.tgt_embed(tgt, positions)  # (B, T, C)
         return self.head(self.decoder(x, memory, mask, memory_mask, cache=cache,
                                       is_causal=causal, cache_position=cache_position))
@@ -443,8 +426,7 @@ class Transformer(nn.Module):
 
     def make_cache(self, memory: torch.Tensor, max_len: int | None = None,
                    static: bool = False) -> DecoderCache:
-        """Empty self-attention caches (`static`: see GPT's); cross-attention caches
-        filled from `memory`."""
+        "Empty self-attention caches (see GPT's), cross-attention's from `memory`."
         check_encoder_output(memory, self.config.d_model)  # its shape sizes the cache
         max_len = (self.config.max_len if max_len is None
                    else check_positive_int(max_len, "max_len"))
@@ -489,14 +471,12 @@ class TextEncoder(nn.Module):
                             c.make_norm() if c.embed_norm else None)
         self.encoder = Encoder(c.layer(), c.n_layers)
 
-    def forward(self,
-                ids: torch.Tensor,  # (B, T) token ids
+    def forward(self, ids: torch.Tensor,  # (B, T) token ids
                 attention_mask: torch.Tensor | None = None,  # (B, T), True = real
                 token_type_ids: torch.Tensor | None = None,  # (B, T); default all 0
                 prefix: torch.Tensor | None = None,  # (1 or B, P, C) vectors in front
                 ) -> torch.Tensor:  # (B, T, C); with a prefix (B, P + T, C)
-        """`prefix` vectors (a classifier's learned `[CLS]`) go in front of the token
-        embeddings: they are real, take positions 0..P-1 and token type 0."""
+        "`prefix` vectors (say `[CLS]`) go in front: real, at positions 0..P-1, type 0."
         c = self.config
         _check_text_ids(ids, attention_mask, c.vocab_size, c.max_len, prefix=prefix,
                         model=self)
@@ -514,9 +494,8 @@ class TextEncoder(nn.Module):
 def mean_pool(hidden: torch.Tensor,  # (B, T, C) an encoder's vectors
               mask: torch.Tensor,  # (B, T) True at real tokens
               normalize: bool = True) -> torch.Tensor:  # (B, C)
-    """One vector per text: the average of its real tokens' vectors (as
-    sentence-transformers does for all-MiniLM-L6-v2), scaled to length 1 if
-    `normalize`. A text with no real token gets the zero vector."""
+    """One vector per text: the mean of its real tokens' vectors (all-MiniLM-L6-v2's
+    pooling), of length 1 if `normalize`; with no real token, the zero vector."""
     _check_pool(hidden, mask)  # (appendix D)
     weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
@@ -545,9 +524,8 @@ class EncoderClassifierConfig(TextConfig):
 
 
 class EncoderClassifier(nn.Module):
-    """Token ids `(B, T)` → class logits `(B, n_classes)`: a `TextEncoder` (real tokens
-    see each other) and a linear head on one pooled vector: the top of a learned
-    `[CLS]` vector put in front of the tokens, or the mean of the real tokens."""
+    """Token ids `(B, T)` → class logits `(B, n_classes)`: a `TextEncoder`, pooled (the
+    top of a learned `[CLS]` put in front, or the real tokens' mean), a linear head."""
 
     def __init__(self, config: EncoderClassifierConfig):
         super().__init__()

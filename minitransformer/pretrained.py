@@ -16,7 +16,8 @@ from .checkpoints import (
     check_layer_count, config_dtype, expected_layout, generation_ends, model_from_state,
     name_in_errors, parse_json_object)
 from .checks import (
-    check_flag, check_float_dtype, check_int, check_module, check_positive_int)
+    check_flag, check_float_dtype, check_int, check_module,
+    check_positive_int, check_str)
 from .embeddings import pad_ids
 from .generation import GenerationCache, generate
 from .model import GPT, GPTConfig, TextEncoder, TextEncoderConfig
@@ -44,11 +45,9 @@ def bert_rules(n_layers: int) -> dict[str, Rule]:
              "attn_norm": "attention.output.LayerNorm",
              "ff.w1": "intermediate.dense", "ff.w2": "output.dense",
              "ff_norm": "output.LayerNorm"}
-    for i in range(n_layers):
-        for ours, theirs in parts.items():
-            for p in ("weight", "bias"):
-                rules[f"encoder.layers.{i}.{ours}.{p}"] = (
-                    f"encoder.layer.{i}.{theirs}.{p}")
+    rules |= {f"encoder.layers.{i}.{ours}.{p}": f"encoder.layer.{i}.{theirs}.{p}"
+              for i in range(n_layers) for ours, theirs in parts.items()
+              for p in ("weight", "bias")}
     return {k: (v, None) for k, v in rules.items()}
 
 
@@ -63,9 +62,8 @@ def llama_rules(n_layers: int, tied: bool) -> dict[str, Rule]:
              "self_attn.out": "self_attn.o_proj", "attn_norm": "input_layernorm",
              "ff.w1": "mlp.gate_proj", "ff.w3": "mlp.up_proj", "ff.w2": "mlp.down_proj",
              "ff_norm": "post_attention_layernorm"}
-    for i in range(n_layers):
-        for ours, theirs in parts.items():
-            rules[f"decoder.layers.{i}.{ours}.weight"] = f"layers.{i}.{theirs}.weight"
+    rules |= {f"decoder.layers.{i}.{ours}.weight": f"layers.{i}.{theirs}.weight"
+              for i in range(n_layers) for ours, theirs in parts.items()}
     return {k: (v, None) for k, v in rules.items()}
 
 
@@ -81,12 +79,10 @@ def gpt2_rules(n_layers: int, tied: bool = True) -> dict[str, Rule]:
     """Our `GPT`'s tensors ← a `transformers` GPT-2 checkpoint's: its Conv1D weights
     are transposed and its fused `c_attn` is cut into queries, keys and values."""
     n_layers, tied = check_positive_int(n_layers, "n_layers"), check_flag(tied, "tied")
-    rules: dict[str, Rule] = {
-        "embed.tok.weight": ("wte.weight", None),
-        "embed.pos.weight": ("wpe.weight", None),
-        "decoder.norm.weight": ("ln_f.weight", None),
-        "decoder.norm.bias": ("ln_f.bias", None),
-        "head.weight": ("wte.weight" if tied else "lm_head.weight", None)}
+    rules: dict[str, Rule] = {k: (v, None) for k, v in {
+        "embed.tok.weight": "wte.weight", "embed.pos.weight": "wpe.weight",
+        "decoder.norm.weight": "ln_f.weight", "decoder.norm.bias": "ln_f.bias",
+        "head.weight": "wte.weight" if tied else "lm_head.weight"}.items()}
     for i in range(n_layers):
         ours, theirs = f"decoder.layers.{i}.", f"h.{i}."
         for p in ("weight", "bias"):
@@ -167,15 +163,12 @@ KNOWN_UNUSED = {  # what a checkpoint may hold that none of our modules needs: w
     "rotary_emb.inv_freq": "rotary frequencies, recomputed from rope_base",
     ".attn.bias": "GPT-2's causal mask buffer, recomputed",
     ".attn.masked_bias": "GPT-2's masking constant, not needed",
-    "lm_head.weight": "the output layer, the token embedding matrix again (tied)",
-}
+    "lm_head.weight": "the output layer, the token embedding matrix again (tied)"}
 
 
 def _why_unused(key: str) -> str:
-    for pattern, why in KNOWN_UNUSED.items():
-        if key.startswith(pattern) or pattern in key:
-            return why
-    return "not used by this architecture"
+    return next((why for pattern, why in KNOWN_UNUSED.items() if pattern in key),
+                "not used by this architecture")
 
 
 def fill(model: nn.Module,
@@ -183,8 +176,7 @@ def fill(model: nn.Module,
          tensor: Callable[[str], torch.Tensor],  # source name -> its tensor
          source_shapes: dict[str, tuple],  # every source tensor -> its shape
          ) -> dict[str, str]:  # the source tensors left unused -> why
-    """Copy a checkpoint into `model` by `rules`: every name and shape is checked
-    (`check_rules`) before a tensor is read or anything written."""
+    "Copy a checkpoint into `model` by `rules`, all checked first (`check_rules`)."
     _check_fill_args(model, tensor, source_shapes)
     state = model.state_dict()
     unused = check_rules({k: tuple(v.shape) for k, v in state.items()}, rules,
@@ -205,10 +197,9 @@ def model_from_rules(
         dtype: torch.dtype,  # the floating-point dtype of the weights
         where: str,  # the source, for the messages
         ) -> tuple[nn.Module, dict[str, str]]:  # the model, the unused tensors -> why
-    """Build `cls(config)` from a source's tensors by `rules`. Checks every name and
-    shape first (`expected_layout`, `check_rules`), without a model; then reads each
-    tensor once, converts it, and hands it to a model built on the meta device
-    (`model_from_state`: no random weights first, no second copy)."""
+    """Build `cls(config)` from a source's tensors by `rules`: names and shapes checked
+    first (`expected_layout`, `check_rules`), then each tensor read, converted and
+    handed to a meta-device model (`model_from_state`: no random weights, no copy)."""
     _check_build_args(cls, tensor, dtype)
     layout, tied = expected_layout(cls, config)  # no model built yet
     unused = check_rules({k: shape for k, (_, shape) in layout.items()}, rules,
@@ -226,10 +217,9 @@ def check_rules(shapes: dict[str, tuple],  # our tensor name -> its shape
                 source_shapes: dict[str, tuple],  # every source tensor -> its shape
                 where: str = "the checkpoint",  # the source, for the messages
                 ) -> dict[str, str]:  # the source tensors left unused -> why
-    """Check `rules` from the shapes alone, before any tensor is read: every tensor of
-    ours has a rule, every source tensor a rule names exists, and each gives our shape
-    once converted (the conversion runs on a shape-only `meta` tensor). Returns each
-    unused source tensor with the reason; warns about any whose reason is unknown."""
+    """Check `rules` on shapes alone, before any tensor is read: each tensor of ours has
+    a rule, each source tensor named exists, and each conversion (run on a shape-only
+    `meta` tensor) gives our shape. Warns about unused tensors of unknown reason."""
     _check_rule_names(shapes, rules, source_shapes, where)
     for name, (src, how) in rules.items():  # each conversion, on shapes alone
         _check_converted(name, shapes[name], src, source_shapes[src], how, where)
@@ -321,8 +311,7 @@ FAMILIES: dict[str, tuple[type, Callable, Callable, tuple[str, ...]]] = {
     "llama": (GPT, llama_config, lambda c: llama_rules(c.n_layers, c.tie_weights),
               ("model.",)),
     "gpt2": (GPT, gpt2_config, lambda c: gpt2_rules(c.n_layers, c.tie_weights),
-             ("transformer.",)),
-}
+             ("transformer.",))}
 
 # %% ../nbs/15_pretrained.ipynb #e78f003b
 def _token_text(value) -> str | None:
@@ -370,11 +359,6 @@ def _read_template(template: Path) -> str:
         raise ValueError(f"{template} is not UTF-8 text: {e}") from None
 
 
-def _check_text(text) -> None:
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-
-
 def _check_texts(texts) -> None:
     if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
         raise TypeError(f"texts must be a list of strings, got {texts!r:.60}")
@@ -420,7 +404,6 @@ class PretrainedTokenizer:
     eos_id = property(lambda self: self._id(self.eos))
     pad_id = property(lambda self: self._id(self.pad))
     vocab_size = property(lambda self: self.backend.get_vocab_size())
-
     end_ids = property(lambda self: frozenset(  # the ids that end the model's turn
         self._id(t) for t in (self.eos, *self.end) if t is not None))
 
@@ -443,7 +426,7 @@ class PretrainedTokenizer:
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
         """Token ids of `text`: with `special_tokens`, the model's own additions ([CLS]
         ... [SEP] for BERT, BOS where the model wants one)."""
-        _check_text(text)
+        check_str(text, "text")
         ids = self.backend.encode(text, add_special_tokens=special_tokens).ids
         if special_tokens and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
@@ -459,8 +442,7 @@ class PretrainedTokenizer:
         """A batch for an encoder: ids `(B, T)` int64 padded on the right with the pad
         token, and the mask `(B, T)` bool, True at real tokens."""
         _check_texts(texts)
-        rows = [self.encode(t) for t in texts]
-        return pad_ids(rows, self.pad_id if self.pad_id is not None else 0)
+        return pad_ids([self.encode(t) for t in texts], self.pad_id or 0)
 
     def apply_chat_template(self, messages: list[dict],
                             add_generation_prompt: bool = True) -> str:
@@ -578,8 +560,7 @@ def load_folder(folder, *, dtype: torch.dtype | str = "auto",  # "auto": the con
 
 # %% ../nbs/15_pretrained.ipynb #e2fbd355
 def _safetensors(folder: Path):
-    """(tensor getter, {name: shape}) of a folder's safetensors, one file or shards:
-    the shapes from the files' headers, no tensor read; each file opened once."""
+    "(tensor getter, {name: shape}) of a folder's safetensors, from their headers."
     from safetensors import safe_open
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -593,9 +574,7 @@ def _safetensors(folder: Path):
                 where[k], shapes[k] = h, tuple(h.get_slice(k).get_shape())
         except Exception as e:  # truncated, not safetensors: the library's message
             raise ValueError(f"{f} is not a readable safetensors file: {e}") from None
-    def tensor(key: str) -> torch.Tensor:
-        return where[key].get_tensor(key)
-    return tensor, shapes
+    return lambda key: where[key].get_tensor(key), shapes
 
 
 def _strip(keys, prefixes: tuple[str, ...]) -> dict[str, str]:

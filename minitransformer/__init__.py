@@ -8,8 +8,10 @@ __all__ = ['load', 'main', 'GPT', 'GPTConfig', 'Transformer', 'TransformerConfig
 
 # %% ../nbs/95_front.ipynb #261bbf31
 import argparse
+import platform
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 from .checkpoints import load_checkpoint, save_checkpoint
 from .checks import check_flag, check_float_dtype
 from .core import default_device
+from .fast_blocks import FastBlocksLinear, fast_blocks
 from .generation import generate
 from .gguf import load_pretrained
 from .lora import add_lora, load_adapter, save_adapter
@@ -34,21 +37,25 @@ def load(source,  # a .gguf file, a folder, a Hub id, a .safetensors checkpoint
          device: str | torch.device | None = None,  # where the model goes (None: CPU)
          max_len: int | None = None,  # the longest sequence (None: the source's)
          keep_blocks: bool = False,  # a GGUF file's quantised blocks kept (chapter 18)
+         fast: bool = False,  # with keep_blocks: decode through the int4/int8 kernels
          ) -> Pretrained:
     """A model and what came with it (tokenizer, chat template), from any source the
     package reads, in eval mode; checked from the file's header before anything is
     built."""
-    path = _check_load_args(source, dtype, keep_blocks, max_len)
+    path = _check_load_args(source, dtype, keep_blocks, max_len, fast)
     if path.suffix == ".safetensors":  # (its max_len is the saved config's)
         model = load_checkpoint(path, dtype=dtype)
         return Pretrained(model.eval(), None, {}, str(path)).to(device)
     kw: dict[str, Any] = dict(dtype=dtype, device=device, max_len=max_len)  # (all's)
     if keep_blocks:
-        return load_gguf_blocks(path, **kw)
+        loaded = load_gguf_blocks(path, **kw)
+        if fast:
+            _fast(loaded.model)
+        return loaded
     return load_pretrained(source, **kw)  # a .gguf file, a folder, a Hub id
 
 # %% ../nbs/95_front.ipynb #dc14d6dd
-def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
+def _check_load_args(source, dtype, keep_blocks, max_len, fast=False) -> Path:
     "`source` as a path, if the arguments are valid (the loaders check the file)."
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source must be a path or a Hub id, got "
@@ -60,7 +67,20 @@ def _check_load_args(source, dtype, keep_blocks, max_len) -> Path:
                          "not a .gguf file")
     if max_len is not None and path.suffix == ".safetensors":
         raise ValueError("a checkpoint's max_len is its saved config's: pass none")
+    if check_flag(fast, "fast") and not keep_blocks:
+        raise ValueError("fast=True multiplies kept blocks: pass keep_blocks=True too")
     return path
+
+
+def _fast(model: torch.nn.Module) -> None:
+    "The blocks on the int4/int8 kernels' path (`fast_blocks`), or a warning why not."
+    fast_blocks(model)
+    if not any(isinstance(m, FastBlocksLinear) for m in model.modules()):
+        warnings.warn(f"fast=True: PyTorch's int4/int8 kernels are vectorised on x86 "
+                      f"CPUs with AVX2 or AVX-512 (here: {platform.machine()}, "
+                      f"{torch.backends.cpu.get_cpu_capability()}, the model on "
+                      f"{next(model.parameters()).device.type}): the blocks keep the "
+                      f"exact path", stacklevel=3)
 
 
 # %% ../nbs/95_front.ipynb #819029c6
@@ -76,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:  # the exit status
         torch.set_num_threads(args.threads)
     try:
         loaded = load(args.source, dtype=_DTYPES[args.dtype], device=device,
-                      max_len=args.max_len, keep_blocks=args.keep_blocks)
+                      max_len=args.max_len, keep_blocks=args.keep_blocks,
+                      fast=args.fast)
         _check_can_write(loaded, args.command == "chat")
     except (OSError, ValueError, TypeError, ImportError) as e:
         if args.debug:
@@ -149,6 +170,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="CPU threads (default: torch's, one per core)")
         s.add_argument("--keep-blocks", action="store_true",
                        help="keep a GGUF file's quantised blocks (less memory)")
+        s.add_argument("--fast", action="store_true", help="with --keep-blocks: "
+                       "PyTorch's int4/int8 kernels (x86 CPUs; bfloat16 activations)")
         s.add_argument("--compile", action="store_true", help="torch.compile the "
                        "decode step: slow to start, faster per token")
         s.add_argument("--debug", action="store_true",

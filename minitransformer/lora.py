@@ -74,9 +74,9 @@ class LoRALinear(nn.Module):
     out_features = property(lambda self: self.base.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        if self.merged:  # the update is inside base.weight
-            return y
+        y = nn.functional.linear(x, self.weight, self.bias)  # W x + b, from the base's
+        if self.merged:  # tensors (whatever a subclass of nn.Linear would compute);
+            return y  # the update is inside base.weight
         return y + (self.drop(x) @ self.A.T @ self.B.T) * self.scaling
 
     def delta(self) -> torch.Tensor:

@@ -109,9 +109,8 @@ def _check_blocks(kind, words, scales, mins) -> None:
     for name, t in (("scales", scales), ("mins", mins)):
         if t is None and (name == "scales" or fmt.has_min):
             raise ValueError(f"kind {kind!r} needs {name}")
-        wrong = t is not None and (not isinstance(t, torch.Tensor)
-                                   or not t.is_floating_point() or t.shape != (nb, O))
-        if wrong:
+        if t is not None and (not isinstance(t, torch.Tensor)
+                              or not t.is_floating_point() or t.shape != (nb, O)):
             raise ValueError(f"{name} must be a float tensor of shape {(nb, O)}, got "
                              f"{t!r:.80}")
     if mins is not None and not fmt.has_min:
@@ -119,12 +118,6 @@ def _check_blocks(kind, words, scales, mins) -> None:
     if mins is not None and mins.dtype != scales.dtype:
         raise TypeError(f"mins ({mins.dtype}) and scales ({scales.dtype}) must share "
                         f"a dtype")
-
-
-def _check_quantised_weight(weight) -> None:
-    if not isinstance(weight, QuantisedWeight):
-        raise TypeError(f"weight must be a QuantisedWeight, got "
-                        f"{type(weight).__name__}")
 
 
 def _check_lookup_options(args: tuple, kwargs: dict) -> None:
@@ -278,6 +271,12 @@ class QuantisedWeight(torch.Tensor):
         return _blocks_weight(self.kind, self.words, self.scales, self.mins,
                               dtype or self.dtype, rows)
 
+    def codes(self) -> torch.Tensor:
+        "The integer codes q `(O, C)` in the weights' order (int32; 4-bit: 0..15)."
+        q = _unpack(self.words, FORMATS[self.kind].bits, torch.int32)
+        return _in_weight_order(q.flatten(0, 2).T, FORMATS[self.kind].bits,
+                                self.words.shape[1])
+
     @classmethod
     def from_float(cls, weight: torch.Tensor, kind: str = "int8") -> QuantisedWeight:
         """`weight` `(O, C)` rounded to `kind`'s blocks: llama.cpp's kinds as its
@@ -353,25 +352,24 @@ _ALLOWED = {  # op -> what it does to a QuantisedWeight (no catch-all: the rest 
     _aten.clone.default: lambda w, **kw: _each_block(w, torch.clone),
     _aten._to_copy.default: _to_copy,
     _aten.copy_.default:  # into a float tensor (a quantised one is refused above)
-        lambda dest, w, *a, **kw: dest.copy_(w.dequantise(dtype=dest.dtype)),
-}
+        lambda dest, w, *a, **kw: dest.copy_(w.dequantise(dtype=dest.dtype))}
 
 
 def quantised_linear(weight: QuantisedWeight,
                      bias: torch.Tensor | None = None) -> nn.Linear:
     "An `nn.Linear` whose weight is `weight` (frozen) and whose bias is `bias`."
-    _check_quantised_weight(weight)
+    if not isinstance(weight, QuantisedWeight):
+        raise TypeError(f"weight must be a QuantisedWeight, got "
+                        f"{type(weight).__name__}")
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
                       device="meta")
     layer.weight = nn.Parameter(weight, requires_grad=False)
     if bias is not None:
-        layer.bias = nn.Parameter(bias.to(weight.dtype),
-                                  requires_grad=bias.requires_grad)
+        layer.bias = nn.Parameter(bias.to(weight.dtype), bias.requires_grad)
     return layer
 
 # %% ../nbs/18_quantised.ipynb #b6b42b4f
-_GGUF_FORMATS = {fmt.gguf_type: fmt for fmt in FORMATS.values()
-                 if fmt.gguf_type}  # by name
+_GGUF_FORMATS = {fmt.gguf_type: fmt for fmt in FORMATS.values() if fmt.gguf_type}
 
 
 def _check_gguf_format(t) -> BlockFormat:
@@ -382,11 +380,6 @@ def _check_gguf_format(t) -> BlockFormat:
     return _GGUF_FORMATS[t.tensor_type.name]
 
 # %% ../nbs/18_quantised.ipynb #7a726693
-def _half(b: torch.Tensor, start: int) -> torch.Tensor:
-    "The float16 in bytes `start`, `start + 1` of every block `b` (O, nb, bytes)."
-    return b[..., start:start + 2].contiguous().view(torch.float16)[..., 0]
-
-
 def weight_from_gguf(t,  # a tensor record of `read_gguf`, Q8_0, Q4_0 or Q4_1
                      reorder=None,  # a function that reorders its rows, or None
                      dtype: torch.dtype = torch.float32) -> QuantisedWeight:
@@ -402,8 +395,9 @@ def weight_from_gguf(t,  # a tensor record of `read_gguf`, Q8_0, Q4_0 or Q4_1
         raw = reorder(raw)
     _, block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]  # d (f16) [, m (f16)], codes
     b = raw.reshape(len(raw), -1, block_bytes)  # (O, nb, bytes a block)
-    scales = _half(b, 0).T.to(dtype).contiguous()  # (nb, O)
-    mins = _half(b, 2).T.to(dtype).contiguous() if fmt.has_min else None
+    half = lambda at: b[..., at:at + 2].contiguous().view(torch.float16)[..., 0].T
+    scales = half(0).to(dtype).contiguous()  # (nb, O): bytes 0, 1 of every block
+    mins = half(2).to(dtype).contiguous() if fmt.has_min else None
     codes = b[..., 4 if fmt.has_min else 2:]  # (O, nb, 16 or 32)
     return QuantisedWeight(fmt.kind, pack(codes), scales, mins)
 
@@ -417,8 +411,7 @@ def _check_weight(weight, kind: str) -> None:
     C = weight.shape[1]
     if C % (block or 4):  # four codes a word at least
         raise ValueError(f"{kind} needs rows of a multiple of {block or 4} weights; "
-                         f"this weight's "
-                         f"rows have {C}")
+                         f"this weight's rows have {C}")
 
 # %% ../nbs/18_quantised.ipynb #b227579b
 def _round_half_away(v: torch.Tensor) -> torch.Tensor:
@@ -471,9 +464,8 @@ def _check_quantise(model, kind, targets: list, skip: tuple) -> None:
     unmerged = [n for n, m in model.named_modules()
                 if isinstance(m, LoRALinear) and not m.merged]
     if unmerged:
-        over_blocks = [isinstance(m.weight, QuantisedWeight)
-                       for m in lora_layers(model).values()]
-        if any(over_blocks):
+        if any(isinstance(m.weight, QuantisedWeight)
+               for m in lora_layers(model).values()):
             merge_lora(model)  # which refuses, naming the route that works
         raise ValueError(f"{len(unmerged)} LoRA layers are not merged (e.g. "
                          f"{unmerged[0]}): merge_lora(model) first, then quantise")

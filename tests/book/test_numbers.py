@@ -53,6 +53,20 @@ def _decode_bench(d: dict) -> list[float]:
     ratios = [b / l for b, l in zip(llama["rounds_total_s"], blocks["rounds_total_s"])]
     out += [statistics.median(ratios), blocks["tokens_per_s"] / sides[
         "float32, compiled"]["tokens_per_s"]]
+    if "fast blocks, compiled" in sides:  # the int4/int8 kernels' path (since 2026-12-06)
+        fast, fast_eager = sides["fast blocks, compiled"], sides["fast blocks, eager"]
+        fast_prof = d["fast_step_profile"]
+        out += [fast["tokens_per_s"] / sides["float32, compiled"]["tokens_per_s"],
+                fast["tokens_per_s"] / blocks["tokens_per_s"],
+                fast_eager["tokens_per_s"] / sides["float32, eager"]["tokens_per_s"],
+                fast_prof["weight_kernels_ms"] / llama["step_ms"],
+                fast_prof["step_ms"] - fast_prof["unprofiled_step_ms"],
+                prof["step_ms"] - prof["unprofiled_step_ms"],
+                d["one_thread"]["llama.cpp"]["step_ms"]
+                / d["one_thread"]["fast blocks, compiled"]["step_ms"]]
+        out += [100 * (f["perplexity_fast"] / f["perplexity_exact"] - 1)
+                for f in d["fast_fidelity"].values()]
+        out += [100 * f["top1_agreement"] for f in d["fast_fidelity"].values()]
     return out
 
 
@@ -152,7 +166,8 @@ FILED_ROWS = {
 # number there may also be one the chapter's own cells printed
 CHAPTER_CELLS = {
     "12_generation": (["1a19f505", "8c756c95", "f74b4bba", "e9250870"], ["smollm2-bench"]),
-    "18_quantised": (["b3e7daa1", "b6e8fd34", "5104656f", "6090e28f"],
+    "18_quantised": (["b3e7daa1", "b6e8fd34", "5104656f", "6090e28f", "f18fa5e1",
+                      "f18fa5e3"],
                      ["decode-bench", "decode-bench-2026-12-05"]),
     "19_instruct": (["6d5ef083", "9d0d6d65", "a9819b03", "ae655b27", "339729db", "d9faffea",
                      "6b8f6901", "3f76c91a", "4c25c25a"], ["instruct-runs", "qlora-step"]),

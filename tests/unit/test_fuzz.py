@@ -121,6 +121,10 @@ EXEMPT = {
     **{f"quantised.{name}": "a constant (a table or a size)" for name in (
         "BLOCK", "FORMATS")},
     "quantised.BlockFormat": "a frozen record of constants (one per kind in FORMATS)",
+    "fast_blocks.kernels_here": "reads the machine (CPU architecture and capability)",
+    **{f"fast_blocks.{name}": "switches a whole model's layers in place; its own tests "
+       "(tests/unit/test_fast_blocks.py)" for name in (
+        "fast_blocks", "FastBlocksLinear", "FastQKV", "FastFeedForward")},
     **{f"quantised.{name}": "changes or measures a whole model; its own tests "
        "(tests/unit/test_quantised.py)" for name in ("quantise", "weight_bytes")},
     **{f"quantised.{name}": "reads GGUF files; its own tests "

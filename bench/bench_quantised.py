@@ -362,9 +362,13 @@ def profile(model, rows, N: int, unprofiled_step_ms: float) -> dict:
     import torch._inductor.config as inductor_config
     inductor_config.cpp.enable_kernel_profile = True  # inductor's kernels by name (recompiled: reset)
     torch._dynamo.reset()
-    generate(model, rows, N - 8, compile=True)  # compiles the rounds' graph (the same cache size)
-    generate(model, rows, 1, compile=True)
-    whole, prefill = _profiled(model, rows, N), _profiled(model, rows, 1)
+    try:
+        generate(model, rows, N - 8, compile=True)  # compiles the rounds' graph (the same cache size)
+        generate(model, rows, 1, compile=True)
+        whole, prefill = _profiled(model, rows, N), _profiled(model, rows, 1)
+    finally:  # what runs after it, runs on graphs without the profiling counters
+        inductor_config.cpp.enable_kernel_profile = False
+        torch._dynamo.reset()
     per = {k: (whole[k] - prefill[k]) / (N - 1) / 1e3 for k in whole}  # ms a step
     inside = per["kernels"] + per["weight_kernels"] + per["attention"]
     out = dict(steps=N - 1, cache_slots=_slots(PROMPT + N, model.config.max_len), step_ms=per["call"],

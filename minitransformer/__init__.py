@@ -20,7 +20,7 @@ import torch
 from .checkpoints import load_checkpoint, save_checkpoint
 from .checks import check_flag, check_float_dtype
 from .core import default_device
-from .fast_blocks import FastBlocksLinear, fast_blocks
+from .fast_blocks import FastBlocksLinear, fast_blocks, kernels_here
 from .generation import generate
 from .gguf import load_pretrained
 from .lora import add_lora, load_adapter, save_adapter
@@ -75,12 +75,13 @@ def _check_load_args(source, dtype, keep_blocks, max_len, fast=False) -> Path:
 def _fast(model: torch.nn.Module) -> None:
     "The blocks on the int4/int8 kernels' path (`fast_blocks`), or a warning why not."
     fast_blocks(model)
-    if not any(isinstance(m, FastBlocksLinear) for m in model.modules()):
-        warnings.warn(f"fast=True: PyTorch's int4/int8 kernels are vectorised on x86 "
-                      f"CPUs with AVX2 or AVX-512 (here: {platform.machine()}, "
-                      f"{torch.backends.cpu.get_cpu_capability()}, the model on "
-                      f"{next(model.parameters()).device.type}): the blocks keep the "
-                      f"exact path", stacklevel=3)
+    if any(isinstance(m, FastBlocksLinear) for m in model.modules()):
+        return
+    why = (f"the model is on {next(model.parameters()).device.type}" if kernels_here()
+           else f"PyTorch's int4/int8 kernels are vectorised on x86 CPUs with AVX2 or "
+           f"AVX-512 (here: {platform.machine()}, "
+           f"{torch.backends.cpu.get_cpu_capability()})")
+    warnings.warn(f"fast=True: {why}; the blocks keep the exact path", stacklevel=3)
 
 
 # %% ../nbs/95_front.ipynb #819029c6

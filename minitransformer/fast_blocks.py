@@ -55,7 +55,7 @@ def _kernel_product(x: torch.Tensor, kind: str, packed, scales) -> torch.Tensor:
     "`x` `(M, C)` in bfloat16 times the blocks of `kind` held as the kernels take them."
     if kind in _FOUR_BIT:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, scales)
-    xb = x.view(len(x), -1, 32)  # Q8_0: a block at a time, each with its own scales
+    xb = x.reshape(len(x), len(packed), 32)  # Q8_0: a block at a time, own scales
     y = torch._weight_int8pack_mm(xb[:, 0], packed[0], scales[0]).float()
     for b in range(1, len(packed)):
         y += torch._weight_int8pack_mm(xb[:, b], packed[b], scales[b])
@@ -74,7 +74,7 @@ class _KernelParts(nn.Module):
     kind: str  # the blocks' kind (FORMATS)
     packed: torch.Tensor | None  # the codes as the kernel takes them
     kernel_scales: torch.Tensor | None  # [s, z] (int4), or d (int8), in bfloat16
-    kernel_bias: torch.Tensor | None  # the layers' biases, stacked
+    made_from: list[Any]  # the weights the copy was made of
 
     def _blocks(self) -> list[nn.Linear]:  # the layers whose weights it multiplies
         raise NotImplementedError
@@ -89,8 +89,19 @@ class _KernelParts(nn.Module):
                      else _int8_parts(weights[0]))
         self.register_buffer("packed", parts[0], persistent=False)
         self.register_buffer("kernel_scales", parts[1], persistent=False)
-        biases: list[Any] = [m.bias for m in self._blocks()]
-        self.kernel_bias = None if biases[0] is None else torch.cat(biases)
+        self.made_from = weights
+
+    def _exact_now(self, group: bool = True) -> bool:
+        """Whether this call takes the exact path: gradients recorded, training, no
+        copy here (another device or CPU), a weight replaced since the copy was made
+        (`fast_blocks(model)` makes it again), or, in a stacked `group`, a layer with
+        an adapter or a hook (which must see its layer called)."""
+        layers = self._blocks()
+        replaced = any(m.weight is not w for m, w in zip(layers, self.made_from))
+        changed = group and (any(type(m) is not nn.Linear for m in layers)
+                             or _has_hooks(*layers))
+        return (torch.is_grad_enabled() or self.training or self.packed is None
+                or replaced or changed)
 
     def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(): made again
         super()._apply(fn, recurse)
@@ -103,23 +114,24 @@ class _KernelParts(nn.Module):
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         "x `(..., C)` times the weights (stacked), in bfloat16, back in x's dtype."
-        y = _kernel_product(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.kind,
-                           self.packed, self.kernel_scales).to(x.dtype)
-        y = y.reshape(*x.shape[:-1], y.shape[-1])
-        return y if self.kernel_bias is None else y + self.kernel_bias
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        y = _kernel_product(rows, self.kind, self.packed, self.kernel_scales)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+        biases: list[Any] = [m.bias for m in self._blocks()]  # read now: trainable
+        return y if biases[0] is None else y + torch.cat(biases).to(y.dtype)
 
 
 class FastBlocksLinear(_KernelParts, nn.Linear):
-    """An `nn.Linear` over Q4_0, Q4_1 or Q8_0 blocks that, while no gradient is
-    recorded, multiplies through PyTorch's int4 or int8 weight kernel on the CPU
-    (activations rounded to bfloat16); training, and any other device, take the
+    """An `nn.Linear` over Q4_0, Q4_1 or Q8_0 blocks that, in eval mode with no
+    gradient recorded, multiplies through PyTorch's int4 or int8 weight kernel on the
+    CPU (activations rounded to bfloat16); training, and any other device, take the
     exact path. Its `state_dict` is the `nn.Linear`'s."""
 
     def _blocks(self):
         return [self]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or self.packed is None:
+        if self._exact_now(group=False):  # (its own hooks fire either way)
             return F.linear(x, self.weight, self.bias)
         return self._kernel(x)
 
@@ -133,12 +145,9 @@ class FastQKV(_KernelParts, QKVProjection):
         return [self.q_proj, self.k_proj, self.v_proj]
 
     def forward(self, x, context=None):
-        layers = self._blocks()
-        adapted = any(type(m) is not nn.Linear for m in layers)  # e.g. LoRA
-        if (context is not None or torch.is_grad_enabled() or self.packed is None
-                or adapted or _has_hooks(*layers)):
+        if context is not None or self._exact_now():
             return super().forward(x, context)
-        return self._kernel(x).split([m.out_features for m in layers], -1)
+        return self._kernel(x).split([m.out_features for m in self._blocks()], -1)
 
 
 class FastFeedForward(_KernelParts, FeedForward):
@@ -150,10 +159,7 @@ class FastFeedForward(_KernelParts, FeedForward):
         return [self.w1, self.w3]
 
     def forward(self, x):
-        layers = self._blocks()
-        adapted = any(type(m) is not nn.Linear for m in layers)  # e.g. LoRA
-        if (torch.is_grad_enabled() or self.training or self.packed is None
-                or adapted or _has_hooks(*layers)):
+        if self._exact_now():
             return super().forward(x)
         gate, value = self._kernel(x).split([self.d_ff, self.d_ff], -1)
         return self.w2(activation(self.activation, gate) * value)
@@ -192,12 +198,16 @@ def fast_blocks(model: nn.Module, fast: bool = True) -> nn.Module:
                 m.__class__ = _EXACT[type(m)]
                 for name in ("packed", "kernel_scales"):
                     del m._buffers[name]
-                del m.kind, m.kernel_bias
+                del m.kind, m.made_from
         return model
     if not kernels_here():
         return model
+    for m in model.modules():
+        if isinstance(m, _KernelParts):  # switched already: its copy made again
+            m._make_parts()
     adapted = {id(m.base) for m in model.modules() if isinstance(m, LoRALinear)}
-    grouped: set[int] = set()
+    grouped = {id(g) for m in model.modules()  # stacked already (a second call)
+               if isinstance(m, (FastQKV, FastFeedForward)) for g in m._blocks()}
     for m in model.modules():
         group = (m.q_proj, m.k_proj, m.v_proj) if type(m) is QKVProjection else (
             (m.w1, m.w3) if type(m) is FeedForward else ())

@@ -169,3 +169,39 @@ def test_a_compiled_step_on_the_kernels_matches_eager():
     with torch.no_grad():  # the same logits, up to the order of bfloat16 sums
         a = fast(torch.tensor([IDS[0].tolist() + eager[0]]))
     assert a.shape[1] == 18
+
+
+@needs_kernels
+def test_a_replaced_weight_or_a_trained_bias_is_never_multiplied_stale():
+    from minitransformer.quantised import QuantisedWeight, quantised_linear
+    torch.manual_seed(2)
+    layer = quantised_linear(QuantisedWeight.from_float(torch.randn(32, 64), "q4_1"),
+                             torch.nn.Parameter(torch.zeros(32)))
+    model = fast_blocks(torch.nn.Sequential(layer).eval())
+    assert type(layer) is FastBlocksLinear
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        layer.bias += 10  # a trained bias: read at the call
+        assert (layer(x) - torch.nn.functional.linear(x, layer.weight, layer.bias)).abs().max() < 0.5
+        layer.weight = torch.nn.Parameter(QuantisedWeight.from_float(torch.randn(32, 64), "q4_1"),
+                                          requires_grad=False)  # replaced: the exact path
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        fast_blocks(model)  # made again: the kernels, close to the exact path
+        assert not torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+@needs_kernels
+def test_strided_empty_and_bfloat16_inputs_and_a_second_switch():
+    exact = _exact()
+    fast = fast_blocks(fast_blocks(copy.deepcopy(exact)))  # twice: still stacked
+    kinds = [type(m) for m in fast.modules()]
+    assert kinds.count(FastQKV) == 2 and kinds.count(FastBlocksLinear) == 5
+    with torch.no_grad():
+        h = torch.randn(2, 5, 64)
+        for x in (h[:, -1:], h.transpose(0, 1), h[:, :0], h.bfloat16()[:, ::2]):
+            got, want = fast.head(x), exact.head(x)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            if want.numel():  # (bfloat16 activations: close, not equal)
+                assert (got - want).float().abs().max() < 0.05 * want.float().abs().max()
+        fast.train()  # training (without gradients): the exact path
+        assert torch.equal(fast.head(h), exact.head(h))

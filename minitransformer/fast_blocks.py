@@ -96,12 +96,13 @@ class _KernelParts(nn.Module):
         copy here (another device or CPU), a weight replaced since the copy was made
         (`fast_blocks(model)` makes it again), or, in a stacked `group`, a layer with
         an adapter or a hook (which must see its layer called)."""
+        if torch.is_grad_enabled() or self.training or self.packed is None:
+            return True  # (the cheap tests first: this runs in every call)
         layers = self._blocks()
-        replaced = any(m.weight is not w for m, w in zip(layers, self.made_from))
-        changed = group and (any(type(m) is not nn.Linear for m in layers)
-                             or _has_hooks(*layers))
-        return (torch.is_grad_enabled() or self.training or self.packed is None
-                or replaced or changed)
+        for m, w in zip(layers, self.made_from):
+            if m.weight is not w or (group and type(m) is not nn.Linear):
+                return True
+        return group and _has_hooks(*layers)
 
     def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(): made again
         super()._apply(fn, recurse)

@@ -17,7 +17,7 @@ import random
 import torch
 
 from minitransformer.core import seed_everything
-from minitransformer.data import DateTask
+from minitransformer.dates import DateTask
 from minitransformer.model import Transformer, TransformerConfig, count_parameters
 from minitransformer.distributed import DDPProcesses, distributed
 from minitransformer.training import sequence_loss, train

@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .distributed import shard_batch
 from .exercises import checker, same
 from .generation import top_p_filter
-from .instruct import IGNORE_ID
-from .lora import LoRALinear
 from .model import mean_pool
-from .quantised import QuantisedWeight, pack
-from .training import sequence_loss
 
 # %% auto #0
 __all__ = ['check_top_p', 'check_next_token_loss', 'check_shard', 'check_mean_pool', 'check_q8_0', 'check_lora',
@@ -71,23 +66,25 @@ def check_top_p(fn):
 def check_next_token_loss(fn):
     """Check `fn(logits, ids)`: the language-modelling loss of logits `(B, T, V)` for
     the token ids `(B, T)` they were computed from — the mean cross-entropy of each
-    position's logits against the NEXT token — against `training.sequence_loss`."""
+    position's logits against the NEXT token (`training.sequence_loss` of the pair
+    shifted)."""
     g, ce = torch.Generator().manual_seed(10), torch.nn.functional.cross_entropy
+    loss = lambda lg, t: ce(lg.flatten(0, -2), t.flatten())  # the mean over positions
     for B, T, V in [(1, 2, 3), (2, 5, 7), (3, 9, 11), (1, 17, 5)]:
         logits = torch.randn(B, T, V, generator=g) * 2
         ids = torch.randint(0, V, (B, T), generator=g)
         guess, target = logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)
-        yield (logits, ids), f"logits {(B, T, V)}", sequence_loss(guess, target), [
-            (sequence_loss(logits, ids), "you scored each position on its own token: "
+        yield (logits, ids), f"logits {(B, T, V)}", loss(guess, target), [
+            (loss(logits, ids), "you scored each position on its own token: "
              "position t predicts token t + 1 (drop the last logits, the first ids)"),
             (ce(logits.flatten(0, 1), ids.roll(-1, 1).flatten()), "your targets come "
              "from ids.roll(-1), which wraps a row's first id round to its last "
              "position: drop the last logits and the first ids instead"),
-            (sequence_loss(logits[:, 1:], ids[:, :-1]), "you shifted the wrong way: "
+            (loss(logits[:, 1:], ids[:, :-1]), "you shifted the wrong way: "
              "the logits at t predict the id at t + 1"),
-            (sequence_loss(logits[:, :-1], ids[:, :-1]), "you dropped the last logits "
+            (loss(logits[:, :-1], ids[:, :-1]), "you dropped the last logits "
              "but not the first ids: the logits at t predict the id at t + 1"),
-            (sequence_loss(logits[:, 1:], ids[:, 1:]), "you dropped the first ids but "
+            (loss(logits[:, 1:], ids[:, 1:]), "you dropped the first ids but "
              "not the last logits: the logits at t predict the id at t + 1"),
             (ce(guess, target, reduction="sum"), "you summed the losses; take their "
              "mean over the predicted positions"),
@@ -95,7 +92,7 @@ def check_next_token_loss(fn):
              "you returned one loss per position; return their mean, one number"),
             (ce(guess.softmax(-1), target), "you applied softmax before "
              "cross_entropy, which takes the raw logits"),
-            (-sequence_loss(guess, target), "your loss is negative: cross-entropy is "
+            (-loss(guess, target), "your loss is negative: cross-entropy is "
              "the mean of -log p(next token)")]
 
 # %% ../nbs/97_exercises_2.ipynb #821c5df1
@@ -103,11 +100,11 @@ def check_next_token_loss(fn):
 def check_shard(fn):
     """Check `fn(batch, rank, world_size)`: this rank's rows of a global batch whose
     first dimension divides evenly — rank r keeps rows `r·b .. (r+1)·b - 1`,
-    `b = B / world_size` — against `distributed.shard_batch`."""
+    `b = B / world_size` (what `distributed.shard_batch` returns)."""
     for B, rank, world in [(8, 0, 2), (8, 1, 2), (12, 2, 3), (5, 0, 1), (6, 5, 6)]:
         batch, b = torch.arange(B * 3).view(B, 3), B // world
         yield (batch, rank, world), f"a batch of {B} rows, rank {rank} of {world}", (
-            shard_batch(batch, rank, world)), [
+            batch[rank * b: (rank + 1) * b]), [
             (batch[rank::world], "you dealt the rows round-robin; each rank keeps one "
              "contiguous block, rows r·b .. (r+1)·b - 1"),
             (batch[(rank + 1) * b: (rank + 2) * b], "your block is one rank off: rank "
@@ -193,18 +190,14 @@ def check_q8_0(fn):
 @checker("LoRA layer", tol=1e-4)
 def check_lora(fn):
     """Check `fn(x, weight, bias, A, B, alpha)` = `x Wᵀ + b + (alpha / r) x Aᵀ Bᵀ`, with
-    `A` `(r, in)` and `B` `(out, r)`, against `lora.LoRALinear`."""
+    `A` `(r, in)` and `B` `(out, r)` (what `lora.LoRALinear` computes)."""
     g = torch.Generator().manual_seed(9)
     for lead, d_in, d_out, r, alpha in [((2, 6), 8, 8, 2, 16.0), ((3,), 4, 5, 1, 1.0),
                                         ((1,), 7, 5, 4, 8.0)]:  # (square first: B A)
-        base = torch.nn.Linear(d_in, d_out)
-        layer = LoRALinear(base, r=r, alpha=alpha)
-        W, b, A, B = (t.detach() for t in (base.weight, base.bias, layer.A, layer.B))
-        for t in (W, b, A, B):  # (their storage is the layer's)
-            t.copy_(torch.randn(t.shape, generator=g))
-        x = torch.randn(*lead, d_in, generator=g)
-        with torch.no_grad():
-            want, y0, up = layer(x), base(x), x @ A.T @ B.T
+        W, b, A, B, x = (torch.randn(*s, generator=g) for s in (
+            (d_out, d_in), (d_out,), (r, d_in), (d_out, r), (*lead, d_in)))
+        y0, up = x @ W.T + b, x @ A.T @ B.T  # the frozen layer; the update unscaled
+        want = y0 + alpha / r * up
         width = {d_out: "B.shape[0], the output width", d_in: "A.shape[1], the input "
                  "width"} if d_in != d_out else {d_in: "the layer's width, B.shape[0] "
                                                  "or A.shape[1]"}
@@ -231,18 +224,17 @@ def check_lora(fn):
 def check_q4_0_linear(fn):
     """Check `fn(x, c, d)`: `x` `(C,)` times a weight kept in Q4_0 blocks of 32, codes
     `c` `(O, nb, 32)` (floats 0..15, in weight order) and scales `d` `(O, nb)`, code c
-    standing for d·(c - 8); → `(O,)`, against a `quantised.QuantisedWeight` "q4_0"."""
+    standing for d·(c - 8); → `(O,)` (as a `quantised.QuantisedWeight` "q4_0" gives)."""
     g = torch.Generator().manual_seed(13)
     for O, nb in [(3, 1), (5, 2), (4, 18)]:
         c = torch.randint(0, 16, (O, nb, 32), generator=g, dtype=torch.uint8)
         d = (torch.rand(O, nb, generator=g) * 0.1 + 0.01).half().float()
-        w = QuantisedWeight("q4_0", pack(c[..., :16] | c[..., 16:] << 4), d.T.clone())
         x, c = torch.randn(32 * nb, generator=g) + 0.5, c.float()  # (blocks' sums ≠ 0)
         xb, per = x.view(nb, 32), "each weight's -8·d multiplies its own x_j"
         blocks = lambda off, c=c: d * ((xb * c).sum(-1) - off)  # (O, nb)
         dot, s8 = lambda off, c=c: blocks(off, c).sum(-1), 8 * xb.sum(-1)  # (O,), (nb,)
-        yield (x, c, d), f"x ({32 * nb},), codes {(O, nb, 32)}", (
-            torch.nn.functional.linear(x, w)), [
+        w = (d[..., None] * (c - 8)).flatten(1)  # (O, 32·nb): the blocks' weight
+        yield (x, c, d), f"x ({32 * nb},), codes {(O, nb, 32)}", w @ x, [
             (dot(0), "you forgot c - 8: code c stands for d·(c - 8), so a block adds "
              "d·(Σ x_j c_j - 8·Σ x_j)"),
             (dot(-s8), "you added 8; code c stands for d·(c - 8)"),
@@ -264,13 +256,15 @@ def check_q4_0_linear(fn):
 def check_reply_targets(fn):
     """Check `fn(prompt_ids, full_ids)`: the targets (a list of ints) of `full_ids`, a
     prompt and its reply, as `instruct.chat_example` makes them — the next id, counted
-    from the prompt's last position on; `IGNORE_ID` before it and at the last."""
-    g, no = torch.Generator().manual_seed(14), [IGNORE_ID]
+    from the prompt's last position on; `IGNORE_ID` (-100, the target `cross_entropy`
+    leaves out) before it and at the last."""
+    g, ignore = torch.Generator().manual_seed(14), -100  # instruct.IGNORE_ID
+    no = [ignore]
     for P, R in [(5, 3), (9, 1), (1, 4), (12, 6)]:
         full = (torch.randperm(900, generator=g)[:P + R] + 100).tolist()  # distinct ids
         after = lambda i: no * i + full[i + 1:] + no  # counted from position i on
         want = after(P - 1)
-        skip = torch.tensor(want) == IGNORE_ID
+        skip = torch.tensor(want) == ignore
         yield (full[:P], full), f"a prompt of {P} ids and a reply of {R}", want, [
             (after(P), "you left out the prompt's last position: it predicts the "
              "reply's first id, so its target, full_ids[len(prompt_ids)], counts"),
@@ -286,7 +280,7 @@ def check_reply_targets(fn):
              "its target is IGNORE_ID, one target per id of full_ids"),
             (full[P:], "you returned the reply's ids; return one target per id of "
              "full_ids"),
-            (lambda w: same(w.masked_fill(skip, IGNORE_ID), torch.tensor(want), 0)
+            (lambda w: same(w.masked_fill(skip, ignore), torch.tensor(want), 0)
              and len(set(w[skip].tolist())) == 1, lambda w: "you marked the targets "
-             f"that do not count with {w[-1].item()}; use IGNORE_ID ({IGNORE_ID}), "
+             f"that do not count with {w[-1].item()}; use IGNORE_ID ({ignore}), "
              "which sequence_loss leaves out")]

@@ -146,19 +146,11 @@ def test_chapters_use_only_earlier_chapters():
     assert not late, "chapters must only use earlier chapters: " + "; ".join(late)
 
 
-# Appendix modules that import a chapter later than the first chapter importing them: each one
-# a known debt, with its reason; a new one fails the test below (the checkpoints circle is gone).
-APPENDIX_DEBTS = {
-    "data": "chapter 11 reads text with it; its dates task decodes with chapter 12's generate",
-    "exercises": "chapter 1's checkers share a module with chapters 3-11's",
-    "exercises_2": "chapter 12's checker shares a module with chapters 13-19's",
-}
-
-
 def test_appendix_modules_use_only_chapters_before_their_first_reader():
     """An appendix module imported first by chapter N imports (at the top or inside a function)
     no chapter after N — so no circle through an appendix (checkpoints once imported chapter 18's
-    QuantisedWeight; chapter 18 now registers it) — apart from the debts listed above."""
+    QuantisedWeight; chapter 18 now registers it). The exercise checkers work their answers out
+    themselves, and the dates task (which decodes with chapter 12) has its own appendix."""
     order = _chapter_order()
     def module_of(stem):
         nb = json.loads((ROOT / "nbs" / f"{stem}.ipynb").read_text(encoding="utf-8"))
@@ -178,7 +170,7 @@ def test_appendix_modules_use_only_chapters_before_their_first_reader():
         after = sorted(x for x in imports if first is not None and rank.get(x, -1) > first)
         if after:
             late[m] = after
-    assert set(late) == set(APPENDIX_DEBTS), f"appendix modules importing later chapters: {late}"
+    assert not late, f"appendix modules importing later chapters: {late}"
 
 
 def _package_modules() -> dict[str, "ast.Module"]:

@@ -153,7 +153,7 @@ def test_the_chapter_table_is_the_books(settings):
         heading = cell_source(notebook_cells(nb)[0]).splitlines()[0].lstrip("# ").strip()
         appendix = heading.removeprefix("Appendix: ")
         title = titles.get(nb.stem, appendix[:1].upper() + appendix[1:])
-        want.append((str(n) if n < 90 else "ABCDEFGHI"[n - 90], title,
+        want.append((str(n) if n < 90 else "ABCDEFGHIJ"[n - 90], title,
                      f"{_book_url(settings)}nbs/{nb.stem}.html", _colab_url(settings, nb.stem)))
     got = [(number, title, page, colab) for number, title, page, _, colab in rows]
     assert got == want, [(g, w) for g, w in zip(got, want) if g != w] or (len(got), len(want))

@@ -14,7 +14,9 @@ from minitransformer import exercises as E
 from minitransformer.attention import scaled_dot_product_attention
 from minitransformer.masks import causal_mask
 from minitransformer.mixing import softmax
+from minitransformer.model import GPT, GPTConfig, count_parameters
 from minitransformer.multihead import split_heads
+from minitransformer.positions import RotaryEmbedding
 from test_exercises_2 import RIGHT as RIGHT_2, WRONG as WRONG_2
 
 F = torch.nn.functional
@@ -58,13 +60,19 @@ def _ln(x, eps, unbiased=False):
     return (x - mu) / (x.var(-1, keepdim=True, unbiased=unbiased) + eps).sqrt()
 
 
-def _step(kc, vc, q, k, v, **att):
+def _step(kc, vc, q, k, v, package=None, **att):
     K, V = torch.cat([kc, k], -2), torch.cat([vc, v], -2)
-    return _attention(q, K, V, **att), K, V
+    return (package(q, K, V) if package else _attention(q, K, V, **att)), K, V
 
 
 def _count(V, T, C, L):
     return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def _model_count(V, T, C, L):  # the package's model, built on the meta device
+    with torch.device("meta"):
+        return count_parameters(GPT(GPTConfig(vocab_size=V, max_len=T, d_model=C, n_heads=1,
+                                              n_layers=L, d_ff=4 * C, activation="gelu_tanh")))
 
 
 def _rope_base(x, pos, base):
@@ -74,6 +82,8 @@ def _rope_base(x, pos, base):
     return torch.cat([x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()], -1)
 
 
+# The checkers compute their answers themselves (an appendix imports no later chapter); the
+# package's own functions are their first right answers, so the two are checked equal here.
 RIGHT = {  # checker: right answers (the package's own, then a reader's)
     E.check_softmax: [softmax, _softmax],
     E.check_embedding: [lambda ids, t: t[ids], lambda ids, t: F.embedding(ids, t),
@@ -84,11 +94,12 @@ RIGHT = {  # checker: right answers (the package's own, then a reader's)
     E.check_split_heads: [split_heads,
                           lambda x, h: x.unflatten(-1, (h, -1)).transpose(-3, -2)],
     E.check_feedforward: [lambda x, w1, b1, w2, b2: F.gelu(x @ w1 + b1) @ w2 + b2],
-    E.check_rope: [_rope],
+    E.check_rope: [lambda x, pos: RotaryEmbedding(x.shape[-1])(x, pos), _rope],
     E.check_causal_mask: [causal_mask, _mask],
     E.check_layer_norm: [lambda x, eps: F.layer_norm(x, x.shape[-1:], eps=eps), _ln],
-    E.check_cache_step: [_step],
-    E.check_parameter_count: [_count],
+    E.check_cache_step: [lambda kc, vc, q, k, v: _step(
+        kc, vc, q, k, v, package=scaled_dot_product_attention), _step],
+    E.check_parameter_count: [_model_count, _count],
 }
 
 

@@ -167,8 +167,10 @@ ENTRY_POINTS = {
     *(f"core.{n}" for n in (
         "default_device", "seed_everything")),
     *(f"data.{n}" for n in (
-        "DateTask", "char_windows", "number_words", "ordinal_suffix", "ordinal_words",
-        "write_date", "year_words")),
+        "char_windows",)),
+    *(f"dates.{n}" for n in (
+        "DateTask", "number_words", "ordinal_suffix", "ordinal_words", "write_date",
+        "year_words")),
     *(f"distributed.{n}" for n in (
         "shard_batch",)),
     *(f"embeddings.{n}" for n in (
@@ -214,7 +216,7 @@ ENTRY_POINTS = {
 CONSTANTS = {
     *(f"checkpoints.{n}" for n in (
         "FORMAT",)),
-    *(f"data.{n}" for n in (
+    *(f"dates.{n}" for n in (
         "CASES", "DATE_FORMATS", "FIRST_DAY", "LAST_DAY", "MONTHS", "WEEKDAYS")),
     *(f"embeddings.{n}" for n in (
         "SPECIAL_TOKENS",)),

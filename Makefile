@@ -69,19 +69,30 @@ export: $(STAMP)
 execute: $(STAMP)
 	$(BIN)/python scripts/execute_nbs.py $(NB)
 
-# The linter (ruff) and the type checker (mypy), both set up in pyproject.toml, a fresh strict build (--all: warnings of unchanged pages
-# count too), then one pytest run: export drift and
-# project checks, property tests, the built HTML and the browser checks (JOBS workers, a file's tests
-# together on one: --dist loadfile); then nbval on every chapter as Colab runs it, from its own first
-# cell in a fresh runtime (JOBS runtimes); then the wheel and sdist (make dist).
+# The linter (ruff); then side by side, their logs printed in turn: the type checker (mypy; both set
+# up in pyproject.toml), a fresh strict build of the book (--all: warnings of unchanged pages count
+# too), the wheel and sdist (make dist) and the Colab check's fresh runtimes; then one pytest run:
+# export drift and project checks, property tests, the built HTML and the browser checks (JOBS
+# workers, a file's tests together on one: --dist loadfile); then nbval on every chapter as Colab
+# runs it, from its own first cell in a fresh runtime (JOBS runtimes). Any step failing fails it.
+LOGS := _build/test-logs
 test: $(STAMP) $(VENDOR) chromium
 	$(BIN)/ruff check minitransformer
-	$(BIN)/mypy
-	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet
+	@rm -rf $(LOGS) && mkdir -p $(LOGS)
+	@trap 'kill $$mypy $$book $$dist $$colab 2>/dev/null; exit 130' INT TERM; \
+	$(BIN)/mypy > $(LOGS)/mypy.log 2>&1 & mypy=$$!; \
+	$(BIN)/jupyter-book build . --all --warningiserror --keep-going --quiet > $(LOGS)/book.log 2>&1 \
+	  & book=$$!; \
+	$(BIN)/python scripts/check_dist.py > $(LOGS)/dist.log 2>&1 & dist=$$!; \
+	$(BIN)/python scripts/colab_check.py --prepare --jobs $(JOBS) > $(LOGS)/colab.log 2>&1 \
+	  & colab=$$!; \
+	failed=""; for step in mypy book dist colab; do \
+	  eval "wait \$$$$step" || failed="$$failed $$step"; \
+	  echo "== $$step"; cat $(LOGS)/$$step.log; done; \
+	test -z "$$failed" || { echo "failed:$$failed"; exit 1; }
 	MT_BROWSER_TESTS=1 OMP_NUM_THREADS=$$(( $(CORES) / $(JOBS) )) \
 	  $(PYTEST) -n $(JOBS) --dist loadfile tests
-	$(BIN)/python scripts/colab_check.py --jobs $(JOBS)
-	$(BIN)/python scripts/check_dist.py
+	$(BIN)/python scripts/colab_check.py --prepared --jobs $(JOBS)
 
 # The release artifacts as a user receives them: wheel and sdist built with `python -m build` into
 # _build/dist, `twine check`, then each installed into a fresh venv holding only its declared dependencies

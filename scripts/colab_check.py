@@ -14,8 +14,12 @@ kernel on one thread (OMP_NUM_THREADS=1, one of the conditions `make portability
 chapters' outputs to). The longest chapters start first.
 
     python scripts/colab_check.py [--jobs N] [nbs/NAME.ipynb ...]   (default: every notebook in nbs/)
+
+`--prepare` only makes the runtimes and the wheel (in _build/colab-venv/prepared/) and exits; the next run
+with `--prepared` uses them, once. `make test` prepares them while its other first checks run.
 """
 import argparse
+import json
 import multiprocessing
 import os
 import shutil
@@ -30,6 +34,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = ROOT / "_build" / "colab-venv"
+READY = VENVS / "prepared.json"  # what --prepare made: the wheel and the runtimes' names
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 COLAB_PACKAGES = ["torch==2.13.0", "numpy", "matplotlib", "ipywidgets>=8", "ipykernel"]
 STUB = ('import sys, types\n'
@@ -39,9 +44,9 @@ LONGEST = ("13_training", "19_instruct", "17_lora", "18_quantised", "16_gguf", "
            "12_generation", "15_pretrained")
 
 
-def make_runtime(jupyter_dir: Path, name: str) -> None:
-    "A fresh venv with Colab's relevant packages, registered as the kernel `name`."
-    venv = VENVS / name
+def make_runtime(where: Path, name: str) -> None:
+    "A fresh venv `where`/venvs/`name` with Colab's relevant packages, the kernel `name` (`where`/jupyter)."
+    jupyter_dir, venv = where / "jupyter", where / "venvs" / name
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -97,27 +102,54 @@ def run_chapter(path: Path, workdir: Path) -> tuple[str, float, str | None]:
     return path.name, seconds, None if run.returncode == 0 else (run.stdout + run.stderr)[-4000:]
 
 
+def prepare(jobs: int, where: Path) -> tuple[Path, Path, list[str]]:
+    "`jobs` fresh runtimes (venvs and kernels under `where`) and a wheel (`where`/wheel), side by side."
+    names = [f"colab-sim-{i}" for i in range(jobs)]
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(jobs + 1) as pool:  # the venvs and the wheel side by side
+        wheel = pool.submit(build_wheel, where / "wheel")
+        list(pool.map(make_runtime, [where] * jobs, names))
+        wheel = wheel.result()
+    print(f"{jobs} fresh Colab-like runtime(s) and {wheel.name} ready in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    return where / "jupyter", wheel, names
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=min(4, len(os.sched_getaffinity(0))))
+    given = parser.add_mutually_exclusive_group()
+    given.add_argument("--prepare", action="store_true", help="make the runtimes and the wheel, then exit")
+    given.add_argument("--prepared", action="store_true", help="use what --prepare made (once)")
     parser.add_argument("notebooks", nargs="*")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.prepare:
+        if args.notebooks:
+            parser.error("--prepare makes the runtimes only: name the notebooks with --prepared")
+        READY.unlink(missing_ok=True)
+        jupyter_dir, wheel, names = prepare(args.jobs, VENVS / "prepared")
+        READY.write_text(json.dumps({"jupyter": str(jupyter_dir), "wheel": str(wheel), "names": names}))
+        return 0
     paths = [Path(a).resolve() for a in args.notebooks] or sorted((ROOT / "nbs").glob("*.ipynb"))
     paths.sort(key=lambda p: LONGEST.index(p.stem) if p.stem in LONGEST else len(LONGEST))
     jobs = min(args.jobs, len(paths))
+    if args.prepared and not READY.exists():
+        parser.error(f"--prepared: nothing prepared ({READY} is missing); run with --prepare first")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        jupyter_dir = tmp / "jupyter"
-        names = [f"colab-sim-{i}" for i in range(jobs)]
+        if args.prepared:  # (made by --prepare in this checkout moments ago: make test)
+            made = json.loads(READY.read_text())
+            READY.unlink()
+            jupyter_dir, wheel, names = Path(made["jupyter"]), Path(made["wheel"]), made["names"]
+            jobs = min(jobs, len(names))  # one runtime a job
+            names = names[:jobs]
+        else:
+            jupyter_dir, wheel, names = prepare(jobs, VENVS / "run")
         t0 = time.perf_counter()
-        with ProcessPoolExecutor(jobs + 1) as pool:  # the venvs and the wheel side by side
-            wheel = pool.submit(build_wheel, tmp / "wheel")
-            list(pool.map(make_runtime, [jupyter_dir] * jobs, names))
-            wheel = wheel.result()
-        print(f"{jobs} fresh Colab-like runtime(s) and {wheel.name} ready in {time.perf_counter() - t0:.0f} s",
-              flush=True)
         os.environ["JUPYTER_PATH"] = str(jupyter_dir / "share" / "jupyter")
         os.environ["MINITRANSFORMER_SOURCE"] = wheel.as_uri()
         os.environ["MINITRANSFORMER_FILES"] = (ROOT / "nbs" / "adapters").as_uri()  # not GitHub's

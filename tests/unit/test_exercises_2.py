@@ -11,7 +11,9 @@ from minitransformer.distributed import shard_batch
 from minitransformer.exercises import ExerciseError
 from minitransformer.generation import top_p_filter
 from minitransformer.instruct import IGNORE_ID
+from minitransformer.lora import LoRALinear
 from minitransformer.model import mean_pool
+from minitransformer.quantised import QuantisedWeight, pack
 from minitransformer.training import sequence_loss
 
 F = torch.nn.functional
@@ -58,6 +60,21 @@ def _lora(x, W, b, A, B, alpha, scale=None):
     return x @ W.T + b + (alpha / r if scale is None else scale(alpha, r)) * (x @ A.T @ B.T)
 
 
+def _package_lora(x, W, b, A, B, alpha):  # chapter 17's layer, holding the case's tensors
+    base = torch.nn.Linear(W.shape[1], W.shape[0])
+    layer = LoRALinear(base, r=A.shape[0], alpha=alpha)
+    with torch.no_grad():
+        for mine, theirs in ((base.weight, W), (base.bias, b), (layer.A, A), (layer.B, B)):
+            mine.copy_(theirs)
+        return layer(x)
+
+
+def _package_q4_0(x, c, d):  # chapter 18's weight of blocks, from the case's codes and scales
+    codes = c.to(torch.uint8)  # (O, nb, 32), weight order: low nibbles 0..15, high 16..31
+    w = QuantisedWeight("q4_0", pack(codes[..., :16] | codes[..., 16:] << 4), d.T.clone())
+    return F.linear(x, w)
+
+
 def _q4_0(x, c, d, off=8, order=None):  # chapter 18's Ex 2; `off`, `order`: its slips
     xb = x.view(-1, 32)  # (nb, 32)
     c = c if order is None else c.unflatten(-1, order).mT.flatten(-2)
@@ -78,9 +95,9 @@ RIGHT = {  # checker: right answers (the package's own, then a reader's)
     E.check_shard: [shard_batch, lambda b, r, w: b.chunk(w)[r]],
     E.check_mean_pool: [mean_pool, _pool],
     E.check_q8_0: [lambda raw: _q8_0(raw).flatten()],
-    E.check_lora: [_lora, lambda x, W, b, A, B, al: x @ W.T + b + al / A.shape[0] * x @ (B @ A).T],
+    E.check_lora: [_package_lora, _lora, lambda x, W, b, A, B, al: x @ W.T + b + al / A.shape[0] * x @ (B @ A).T],
     E.check_q4_0_linear: [
-        _q4_0, lambda x, c, d: (x.view(-1, 32) * d[..., None] * (c - 8)).sum((-2, -1)),
+        _package_q4_0, _q4_0, lambda x, c, d: (x.view(-1, 32) * d[..., None] * (c - 8)).sum((-2, -1)),
         lambda x, c, d: F.linear(x, (d[..., None] * (c - 8)).flatten(1))],  # (the floats:
     E.check_reply_targets: [  # a checker cannot see them)
         _targets, lambda p, f: tuple(_targets(p, f)), lambda p, f: torch.tensor(_targets(p, f)),

@@ -70,14 +70,20 @@ def bench_generate(dtype, new_tokens=256) -> list[float]:
     """Tokens/s of cached greedy generation for the 4-layer d_model-256 benchmark GPT: batch 1 and 32,
     eager and with `generate(..., compile=True)` (one flat graph a step over the static cache,
     replayed as a CUDA graph), and the seconds of the first compiled call (compilation included).
-    Asserted: inductor skipped no CUDA graph, each compiled decode step replayed one, and the
-    compiled tokens equal the eager ones (float32)."""
+    Printed for the compiled calls: the CUDA graphs recorded by the first call and by the timed
+    one (a GenerationCache kept between them), the replays and the synchronising calls of the
+    timed one (torch's sync debug mode). Asserted: inductor skipped no CUDA graph, the timed call
+    recorded none and replayed one a decode step, and the compiled tokens equal the eager ones
+    (float32)."""
     from torch._dynamo.utils import counters
-    from minitransformer.generation import generate
+    import warnings
+    from minitransformer.generation import GenerationCache, generate
     from minitransformer.model import GPT, GPTConfig
-    replays = []
-    replay = torch.cuda.CUDAGraph.replay
+    replays, recordings = [], []
+    replay, begin = torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin
     torch.cuda.CUDAGraph.replay = lambda self: replays.append(1) or replay(self)
+    torch.cuda.CUDAGraph.capture_begin = lambda self, *a, **k: recordings.append(1) or begin(
+        self, *a, **k)
     counters.clear()
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=5000, max_len=16 + new_tokens, d_model=256, n_heads=4,
@@ -86,24 +92,38 @@ def bench_generate(dtype, new_tokens=256) -> list[float]:
     for compile in (False, True):
         for B in (1, 32):
             prompts = [list(range(10 + b % 7, 26)) for b in range(B)]  # several lengths: left padding
+            held = GenerationCache()
+            recordings.clear()
             t0 = time.perf_counter()
-            generate(model, prompts, new_tokens, compile=compile)  # warm-up (and compilation)
+            generate(model, prompts, new_tokens, compile=compile, cache=held)  # warm-up, compile
             torch.cuda.synchronize()
             if compile and B == 1:
                 first = time.perf_counter() - t0
+            recorded_first = len(recordings)
             torch.cuda.synchronize(); t0 = time.perf_counter()
             replays.clear()
-            tokens = generate(model, prompts, new_tokens, compile=compile)
+            recordings.clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    tokens = generate(model, prompts, new_tokens, compile=compile, cache=held)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
             torch.cuda.synchronize()
             res.append(B * new_tokens / (time.perf_counter() - t0))
+            syncs = sum("synchroniz" in str(w.message) for w in caught)
             if compile:
-                print(f"{dtype}, B={B}: {len(replays)} CUDA graph replays for {new_tokens} "
-                      f"tokens, {counters['inductor']['cudagraph_skips']} skips", flush=True)
+                print(f"{dtype}, B={B}: CUDA graphs recorded {recorded_first} (first call), "
+                      f"{len(recordings)} (timed call); {len(replays)} replays and {syncs} "
+                      f"synchronising calls for {new_tokens} tokens; "
+                      f"{counters['inductor']['cudagraph_skips']} skips", flush=True)
                 assert len(replays) == new_tokens - 1, "a decode step replayed no CUDA graph"
+                assert not recordings, "the timed call recorded a CUDA graph again"
                 assert counters["inductor"]["cudagraph_skips"] == 0, "inductor skipped CUDA graphs"
             if compile and dtype == torch.float32:
                 assert tokens == generate(model, prompts, new_tokens), "compiled != eager tokens"
-    torch.cuda.CUDAGraph.replay = replay
+    torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin = replay, begin
     return res + [first]
 
 

@@ -1,16 +1,22 @@
 """The package on CUDA, in float32 and bfloat16: the same results as on the CPU (float32) or within
 bfloat16's precision. Skipped without CUDA; scripts/gpu_check.py (make gpu-check) runs it on a GPU."""
 
+import warnings
+
 import pytest
 import torch
 
+import minitransformer as mt
+from helpers import smollm2_gguf
 from minitransformer.attention import attention_with_weights, scaled_dot_product_attention
-from minitransformer.generation import generate
+from minitransformer.generation import GenerationCache, generate
 from minitransformer.layers import DecoderLayer, EncoderLayer, LayerConfig
+from minitransformer.lora import add_lora
 from minitransformer.masks import causal_mask, combine_masks, padding_mask
 from minitransformer.model import GPT, GPTConfig, Transformer, TransformerConfig
 from minitransformer.multihead import MultiHeadAttention
 from minitransformer.positions import RotaryEmbedding
+from minitransformer.quantised import load_gguf_blocks, quantise
 from minitransformer.training import sequence_loss, train
 
 pytestmark = [pytest.mark.gpu,
@@ -111,12 +117,28 @@ def test_is_causal_and_fused_rms_norm_match_cpu(dtype):
     assert out.dtype == dtype and close(out, ref, dtype)
 
 
+def _count_graphs(monkeypatch) -> dict[str, int]:
+    "Counts, from now on, of CUDA graphs recorded (capture_begin) and replayed."
+    seen = {"recorded": 0, "replayed": 0}
+    begin, replay = torch.cuda.CUDAGraph.capture_begin, torch.cuda.CUDAGraph.replay
+
+    def counted(name, fn):
+        def call(self, *args, **kw):
+            seen[name] += 1
+            return fn(self, *args, **kw)
+        return call
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", counted("recorded", begin))
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counted("replayed", replay))
+    return seen
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_compiled_generation_replays_a_cuda_graph_a_token(dtype, monkeypatch):
-    """generate(..., compile=True) on CUDA: inductor skips no CUDA graph, every decoded
-    token after the first is one graph replay, a second call replays the first's tokens, and
-    each token is the eager model's likeliest up to its dtype's rounding (a near tie may flip
-    between the compiled kernels and the eager ones, in float32 too)."""
+def test_compiled_generation_records_one_cuda_graph_and_replays_it(dtype, monkeypatch):
+    """generate(..., compile=True) on CUDA, three calls of one shape on one GenerationCache:
+    inductor skips no CUDA graph, the first call records the step's graph once (a recording
+    replays it once too), the later calls record nothing and replay it once a token after the
+    prompt's, all three write the same tokens, each the eager model's likeliest up to its
+    dtype's rounding (a near tie may flip between compiled and eager kernels, in float32 too)."""
     from torch._dynamo.utils import counters
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=50, max_len=128, d_model=32, n_heads=4, n_layers=2,
@@ -124,15 +146,16 @@ def test_compiled_generation_replays_a_cuda_graph_a_token(dtype, monkeypatch):
     gpt = GPT(cfg).cuda().to(dtype).eval()
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
     counters.clear()
-    first = generate(gpt, prompts, 20, compile=True)  # compiles, warms up, records
-    replays = []
-    replay = torch.cuda.CUDAGraph.replay
-    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay",
-                        lambda self: replays.append(1) or replay(self))
-    again = generate(gpt, prompts, 20, compile=True)
+    seen, held, calls = _count_graphs(monkeypatch), GenerationCache(), []
+    for _ in range(3):
+        before = dict(seen)
+        calls.append((generate(gpt, prompts, 20, compile=True, cache=held),
+                      {k: seen[k] - before[k] for k in seen}))
+    (first, one), (again, two), (third, three) = calls
     assert counters["inductor"]["cudagraph_skips"] == 0
-    assert len(replays) == 19  # the prompt's step runs eagerly; each later one replays
-    assert again == first  # the same graph on the same machine: the same tokens
+    assert one["recorded"] == 1, one  # the step's one shape
+    assert two == three == {"recorded": 0, "replayed": 19}  # the prompt's step is eager
+    assert again == first == third  # the same graph on the same machine: the same tokens
     _assert_greedy_up_to_rounding(gpt, prompts, again)
     if dtype == torch.bfloat16:  # (once) an encoder–decoder's step, replayed too
         t_cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=20, d_model=32, n_heads=4)
@@ -196,3 +219,99 @@ def test_rotary_tables_follow_the_model_to_cuda_and_a_cpu_generator_is_refused(t
     assert len(generate(loaded.eval(), [[1, 2]], 4)[0]) == 4
     with pytest.raises(ValueError, match="generator is on cpu"):
         generate(gpt, [[1, 2]], 3, temperature=0.8, generator=torch.Generator())
+
+
+def _syncs(fn) -> int:
+    "How many synchronising CUDA calls `fn()` makes (torch's sync debug mode, as warnings)."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_the_token_loop_synchronises_nothing_but_the_tokens_it_must_read():
+    """Without stop ids or a callback, a compiled generate reads the device once, at the end:
+    30 more tokens add no synchronising call; with a callback, each new token is read once."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=50, max_len=128, d_model=32, n_heads=4, n_layers=2,
+                        position_encoding="rotary")).cuda().eval()
+    held, prompts = GenerationCache(), [[5, 6, 7], [8, 9]]
+    for n in (10, 40):  # compiled, warmed up and recorded for the cache size of both
+        generate(gpt, prompts, n, compile=True, cache=held)
+    run = lambda n, **kw: _syncs(lambda: generate(gpt, prompts, n, compile=True, cache=held, **kw))
+    assert run(40) == run(10)
+    assert run(40, callback=lambda new: None) - run(10, callback=lambda new: None) == 30
+
+
+@pytest.mark.parametrize("kind", ["int8", "q8_0", "q4_0"])
+def test_quantised_weights_decode_on_cuda_eager_and_compiled(kind):
+    """A model quantised on the CPU moves to the GPU with its blocks: the same logits as on
+    the CPU (float32 sums in another order), and eager and compiled generation each write the
+    model's likeliest tokens up to rounding."""
+    torch.manual_seed(0)
+    gpt = quantise(GPT(GPTConfig(vocab_size=64, max_len=64, d_model=64, n_heads=4,
+                                 n_layers=2, position_encoding="rotary")).eval(), kind)
+    ids = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        ref = gpt(ids)
+        gpu = gpt.cuda()
+        assert torch.allclose(gpu(ids.cuda()).cpu(), ref, atol=1e-4, rtol=1e-4)
+    prompts = [[5, 6, 7], [8]]
+    for compile in (False, True):
+        _assert_greedy_up_to_rounding(gpu, prompts, generate(gpu, prompts, 12, compile=compile))
+
+
+def test_the_files_blocks_decode_on_cuda():
+    "SmolLM2 kept in its file's Q4_1 blocks, on the GPU: eager and compiled greedy decoding."
+    lm = load_gguf_blocks(smollm2_gguf(), max_len=128, device="cuda")
+    prompts = [lm.tokenizer.encode("The capital of France is")]
+    for compile in (False, True):
+        _assert_greedy_up_to_rounding(lm.model, prompts,
+                                      generate(lm.model, prompts, 8, compile=compile))
+
+
+@pytest.mark.parametrize("kind", [None, "q4_0"])
+def test_lora_and_qlora_train_on_cuda(kind):
+    """LoRA on a float model, and QLoRA (LoRA over 4-bit blocks): a few AdamW steps on the GPU
+    lower the loss, and only the adapters change."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=64, max_len=64, d_model=64, n_heads=4, n_layers=2,
+                        position_encoding="rotary"))
+    if kind:
+        quantise(gpt, kind)
+    add_lora(gpt, targets=("q_proj", "v_proj"), r=4)
+    gpt = gpt.cuda().train()
+    frozen = {n: p.detach().clone() for n, p in gpt.named_parameters() if not p.requires_grad}
+    opt = torch.optim.AdamW([p for p in gpt.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1)).cuda()
+    losses = []
+    for _ in range(8):
+        loss = sequence_loss(gpt(ids[:, :-1]), ids[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    same = lambda a, b: (all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("words", "scales"))
+                         if hasattr(a, "words") else torch.equal(a, b))  # blocks: their codes
+    assert all(same(p, frozen[n]) for n, p in gpt.named_parameters() if n in frozen)
+
+
+def test_the_front_door_on_cuda():
+    """mt.load(..., device="cuda"): the GGUF model's logits within float32 rounding of the
+    CPU's, a chat reply, and compiled sampled generation that repeats with its seed."""
+    cpu = mt.load(smollm2_gguf(), max_len=256)
+    lm = mt.load(smollm2_gguf(), max_len=256, device="cuda")
+    ids = torch.tensor([lm.tokenizer.encode("The capital of France is")])
+    with torch.no_grad():
+        assert torch.allclose(lm.model(ids.cuda()).cpu(), cpu.model(ids), atol=2e-3, rtol=1e-3)
+    reply = lm.chat("What is the capital of France?", max_new_tokens=16)
+    assert isinstance(reply, str) and reply.strip()
+    rows = [ids[0].tolist()]
+    draws = [generate(lm.model, rows, 16, compile=True, temperature=0.8, top_p=0.9,
+                      generator=torch.Generator("cuda").manual_seed(0)) for _ in range(2)]
+    assert draws[0] == draws[1] and len(draws[0][0]) == 16

@@ -9,7 +9,8 @@ cell's excepted: pip's messages are Colab's alone). This is the notebooks' one n
 a chapter that passes here runs from its own first cell *and* prints what the book shows.
 
 With `--jobs N` (default: the CPUs this process may use, at most 4) N runtimes run chapters side by side,
-each a venv of its own (the chapters' first cells install into it, so two never share one) and each
+each a venv of its own (the chapters' first cells install into it, so two never share one; all
+but the first are hard-linked copies of it, made before any chapter runs) and each
 kernel on one thread (OMP_NUM_THREADS=1, one of the conditions `make portability-check` holds the
 chapters' outputs to). The longest chapters start first.
 
@@ -44,14 +45,19 @@ LONGEST = ("13_training", "19_instruct", "17_lora", "18_quantised", "16_gguf", "
            "12_generation", "15_pretrained")
 
 
-def make_runtime(where: Path, name: str) -> None:
-    "A fresh venv `where`/venvs/`name` with Colab's relevant packages, the kernel `name` (`where`/jupyter)."
+def make_runtime(where: Path, name: str, like: str | None = None) -> None:
+    """A fresh venv `where`/venvs/`name` with Colab's relevant packages, the kernel `name` (`where`/jupyter);
+    `like`: a copy of that runtime's venv, its files hard links (pip replaces a file, never writes into one)."""
     jupyter_dir, venv = where / "jupyter", where / "venvs" / name
     if venv.exists():
         shutil.rmtree(venv)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *COLAB_PACKAGES], check=True)
+    if like is None:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *COLAB_PACKAGES],
+                       check=True)
+    else:  # (its pyvenv.cfg and bin/python, a link to the base interpreter, hold no path of the first)
+        subprocess.run(["cp", "-al", str(where / "venvs" / like), str(venv)], check=True)
     probe = "import importlib.util as u; print([m for m in ('minitransformer', 'nbdev') if u.find_spec(m)])"
     gone = subprocess.run([py, "-c", probe], check=True, capture_output=True, text=True,
                           cwd=jupyter_dir.parent).stdout.strip()  # outside the checkout, whose folder would import
@@ -108,9 +114,10 @@ def prepare(jobs: int, where: Path) -> tuple[Path, Path, list[str]]:
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(jobs + 1) as pool:  # the venvs and the wheel side by side
+    with ProcessPoolExecutor(1) as pool:  # the wheel beside the runtimes: one installed, the others copies
         wheel = pool.submit(build_wheel, where / "wheel")
-        list(pool.map(make_runtime, [where] * jobs, names))
+        for name in names:
+            make_runtime(where, name, None if name == names[0] else names[0])
         wheel = wheel.result()
     print(f"{jobs} fresh Colab-like runtime(s) and {wheel.name} ready in {time.perf_counter() - t0:.0f} s",
           flush=True)

@@ -66,6 +66,19 @@ def empty_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
+def _same_up_to_a_near_tie(model, prompts, compiled, eager) -> None:
+    """Where compiled and eager greedy tokens part, the two tokens' logits there differ by no
+    more than float32's rounding of that step's logits (kernels sum in another order)."""
+    for prompt, a, b in zip(prompts, compiled, eager):
+        if a != b:
+            i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + a[:i]], device="cuda"))[0, -1].float()
+            gap = (logits[a[i]] - logits[b[i]]).abs().item()
+            assert gap <= 64 * torch.finfo(torch.float32).eps * logits.abs().max().item(), (
+                f"compiled and eager tokens part at {i} by a logit gap of {gap}")
+
+
 def bench_generate(dtype, new_tokens=256) -> list[float]:
     """Tokens/s of cached greedy generation for the 4-layer d_model-256 benchmark GPT: batch 1 and 32,
     eager and with `generate(..., compile=True)` (one flat graph a step over the static cache,
@@ -74,7 +87,7 @@ def bench_generate(dtype, new_tokens=256) -> list[float]:
     one (a GenerationCache kept between them), the replays and the synchronising calls of the
     timed one (torch's sync debug mode). Asserted: inductor skipped no CUDA graph, the timed call
     recorded none and replayed one a decode step, and the compiled tokens equal the eager ones
-    (float32)."""
+    but for a near tie (float32)."""
     from torch._dynamo.utils import counters
     import warnings
     from minitransformer.generation import GenerationCache, generate
@@ -89,41 +102,46 @@ def bench_generate(dtype, new_tokens=256) -> list[float]:
     model = GPT(GPTConfig(vocab_size=5000, max_len=16 + new_tokens, d_model=256, n_heads=4,
                           n_layers=4)).cuda().to(dtype).eval()
     res, first = [], 0.0
-    for compile in (False, True):
-        for B in (1, 32):
-            prompts = [list(range(10 + b % 7, 26)) for b in range(B)]  # several lengths: left padding
-            held = GenerationCache()
-            recordings.clear()
-            t0 = time.perf_counter()
-            generate(model, prompts, new_tokens, compile=compile, cache=held)  # warm-up, compile
-            torch.cuda.synchronize()
-            if compile and B == 1:
-                first = time.perf_counter() - t0
-            recorded_first = len(recordings)
-            torch.cuda.synchronize(); t0 = time.perf_counter()
-            replays.clear()
-            recordings.clear()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    tokens = generate(model, prompts, new_tokens, compile=compile, cache=held)
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            torch.cuda.synchronize()
-            res.append(B * new_tokens / (time.perf_counter() - t0))
-            syncs = sum("synchroniz" in str(w.message) for w in caught)
-            if compile:
+    try:
+        for compile in (False, True):
+            for B in (1, 32):
+                prompts = [list(range(10 + b % 7, 26)) for b in range(B)]  # several lengths
+                held = GenerationCache()
+                recordings.clear()
+                t0 = time.perf_counter()
+                generate(model, prompts, new_tokens, compile=compile, cache=held)  # compiles
+                torch.cuda.synchronize()
+                if compile and B == 1:
+                    first = time.perf_counter() - t0
+                recorded_first = len(recordings)
+                torch.cuda.synchronize(); t0 = time.perf_counter()
+                replays.clear()
+                recordings.clear()
+                tokens = generate(model, prompts, new_tokens, compile=compile, cache=held)
+                torch.cuda.synchronize()
+                res.append(B * new_tokens / (time.perf_counter() - t0))
+                if not compile:
+                    continue
+                with warnings.catch_warnings(record=True) as caught:  # untimed: the syncs
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        generate(model, prompts, new_tokens, compile=True, cache=held)
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                syncs = sum("synchroniz" in str(w.message) for w in caught)
                 print(f"{dtype}, B={B}: CUDA graphs recorded {recorded_first} (first call), "
-                      f"{len(recordings)} (timed call); {len(replays)} replays and {syncs} "
-                      f"synchronising calls for {new_tokens} tokens; "
+                      f"{len(recordings)} (timed call); {len(replays)} replays for {new_tokens} "
+                      f"tokens; {syncs} synchronising calls in a whole call; "
                       f"{counters['inductor']['cudagraph_skips']} skips", flush=True)
                 assert len(replays) == new_tokens - 1, "a decode step replayed no CUDA graph"
                 assert not recordings, "the timed call recorded a CUDA graph again"
                 assert counters["inductor"]["cudagraph_skips"] == 0, "inductor skipped CUDA graphs"
-            if compile and dtype == torch.float32:
-                assert tokens == generate(model, prompts, new_tokens), "compiled != eager tokens"
-    torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin = replay, begin
+                if dtype == torch.float32:  # the eager tokens, but for a near tie's flip
+                    _same_up_to_a_near_tie(model, prompts, tokens, generate(model, prompts,
+                                                                            new_tokens))
+    finally:
+        torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin = replay, begin
     return res + [first]
 
 

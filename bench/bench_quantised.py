@@ -224,8 +224,7 @@ def main() -> None:
     ppl = {kind: perplexity(lm.model, tok) for kind, lm in models.items()}
     rows_out = {}
     for name, _ in sides:
-        steps = [(total - p) / (N - 1) for total, p in zip(t[name], pre[name])]
-        total, p, step = statistics.median(t[name]), statistics.median(pre[name]), statistics.median(steps)
+        total, p, step_ms = medians(t[name], pre[name], N)
         kind = name.split(",")[0]
         if name == "llama.cpp":
             b, extra = file_bytes, dict(load_s=llama.load_s)
@@ -233,8 +232,8 @@ def main() -> None:
             b = weight_bytes(models[kind].model) + cache
             extra = dict(perplexity=ppl[kind], resident_mb=resident[kind], load_s=load_s[kind],
                          first_call_s=first[kind] if "compiled" in name else None)
-        rows_out[name] = dict(tokens_per_s=N / total, prefill_s=p, step_ms=1e3 * step, mb_per_token=b / 1e6,
-                              gb_per_s=b / step / 1e9, rounds_total_s=t[name], rounds_prefill_s=pre[name],
+        rows_out[name] = dict(tokens_per_s=N / total, prefill_s=p, step_ms=step_ms, mb_per_token=b / 1e6,
+                              gb_per_s=b / step_ms / 1e6, rounds_total_s=t[name], rounds_prefill_s=pre[name],
                               **extra)
         r_ = rows_out[name]
         print(f"{name:<24}{r_['tokens_per_s']:>7.1f}{p:>10.3f}{r_['step_ms']:>9.2f}{b / 1e6:>10.1f}"
@@ -293,6 +292,13 @@ def main() -> None:
         print(f"{name}: greedy tokens {'identical to' if same else 'differ from'} float32 compiled")
 
 
+def medians(totals: list[float], prefills: list[float], N: int) -> tuple[float, float, float]:
+    """Seconds of the whole N-token call, of the prefill (a one-token call), and ms of a decode step
+    (their difference over the N - 1 steps): medians over the rounds."""
+    steps = [(t - p) / (N - 1) for t, p in zip(totals, prefills)]
+    return statistics.median(totals), statistics.median(prefills), 1e3 * statistics.median(steps)
+
+
 def guard_cost(model, rows, N: int, rounds: int) -> float:
     "ms a compiled decode step saves when dynamo skips its guard check: full runs, alternated, no profiler."
     cpu = torch.device("cpu")
@@ -326,9 +332,8 @@ def thread_rounds(model, rows, N: int, rounds: int, threads: int) -> dict:
             got[name][1].append(pre)
     out = {}
     for name, (total, pre) in got.items():
-        steps = [(t_ - p) / (N - 1) for t_, p in zip(total, pre)]
-        out[name] = dict(threads=threads, tokens_per_s=N / statistics.median(total),
-                         prefill_s=statistics.median(pre), step_ms=1e3 * statistics.median(steps))
+        whole, prefill, step_ms = medians(total, pre, N)
+        out[name] = dict(threads=threads, tokens_per_s=N / whole, prefill_s=prefill, step_ms=step_ms)
         print(f"{threads} thread(s), {name}: {out[name]['tokens_per_s']:.1f} tokens/s, prefill "
               f"{out[name]['prefill_s']:.3f} s, step {out[name]['step_ms']:.2f} ms")
     return out
